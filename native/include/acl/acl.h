@@ -1,0 +1,26 @@
+/*
+ * acl-swiglu: the ACL entry header (initialisation, error text, runtime).
+ * Written for this project from the facts in SPEC.md section 2; values match CANN.
+ */
+#ifndef ACL_SWIGLU_ACL_H
+#define ACL_SWIGLU_ACL_H
+
+#include "acl/acl_base.h"
+#include "acl/acl_rt.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+ACL_FUNC_VISIBILITY aclError aclInit(const char *configPath);
+ACL_FUNC_VISIBILITY aclError aclFinalize(void);
+
+/* The calling thread's most recent failure text, or NULL when there is none.
+ * Reading it clears it; the text stays valid until this thread's next call. */
+ACL_FUNC_VISIBILITY const char *aclGetRecentErrMsg(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ACL_SWIGLU_ACL_H */

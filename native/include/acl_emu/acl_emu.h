@@ -1,0 +1,47 @@
+/*
+ * acl-swiglu emulator extras: queries and controls that only the CPU emulator has.
+ * Exported by the emulator's libascendcl.so; a real CANN install does not have them.
+ */
+#ifndef ACL_SWIGLU_ACL_EMU_H
+#define ACL_SWIGLU_ACL_EMU_H
+
+#include "acl/acl_base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    ACL_EMU_KIND_TENSOR = 0,
+    ACL_EMU_KIND_INT_ARRAY = 1,
+    ACL_EMU_KIND_EXECUTOR = 2,
+    ACL_EMU_KIND_STREAM = 3,
+    ACL_EMU_KIND_ALLOCATION = 4,
+    ACL_EMU_KIND_COUNT = 5
+} aclEmuHandleKind;
+
+/* Version string of the emulator; also the canary that tells it from a real CANN. */
+ACL_FUNC_VISIBILITY const char *aclEmuVersion(void);
+
+/* Live handles of one kind (-1 for an unknown kind). */
+ACL_FUNC_VISIBILITY int64_t aclEmuLiveCount(aclEmuHandleKind kind);
+
+/* Bytes of device memory currently allocated. */
+ACL_FUNC_VISIBILITY int64_t aclEmuLiveBytes(void);
+
+/* Replace the fault plan: "name:N:code[,name:N:code...]" makes the Nth call (counted from now)
+ * of API `name` fail with `code`; NULL or "" clears it. Returns ACL_ERROR_INVALID_PARAM
+ * (and keeps the old plan) when the text does not parse. ACL_EMU_FAIL sets it at load. */
+ACL_FUNC_VISIBILITY aclError aclEmuSetFaults(const char *spec);
+
+/* Number of faults injected since the plan was last set. */
+ACL_FUNC_VISIBILITY int64_t aclEmuFaultsInjected(void);
+
+/* Kernel worker threads (0 = one per online CPU, the default; ACL_EMU_THREADS sets it at load). */
+ACL_FUNC_VISIBILITY aclError aclEmuSetThreads(int32_t threads);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ACL_SWIGLU_ACL_EMU_H */

@@ -1,0 +1,76 @@
+/* A few assertion macros for the emulator's C tests: each failure prints where and why and
+ * makes the test exit non-zero at the end. */
+#ifndef ACL_SWIGLU_EMU_TEST_H
+#define ACL_SWIGLU_EMU_TEST_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int emu_test_failures;
+static int emu_test_checks;
+
+#define CHECK(cond)                                                                          \
+    do {                                                                                     \
+        emu_test_checks++;                                                                   \
+        if (!(cond)) {                                                                       \
+            emu_test_failures++;                                                             \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);         \
+        }                                                                                    \
+    } while (0)
+
+#define CHECK_EQ_INT(actual, expected)                                                       \
+    do {                                                                                     \
+        long long a_ = (long long)(actual), e_ = (long long)(expected);                      \
+        emu_test_checks++;                                                                   \
+        if (a_ != e_) {                                                                      \
+            emu_test_failures++;                                                             \
+            fprintf(stderr, "%s:%d: %s is %lld, expected %lld\n", __FILE__, __LINE__,        \
+                    #actual, a_, e_);                                                        \
+        }                                                                                    \
+    } while (0)
+
+/* The call returns `code` and the thread's message names every fragment given. */
+#define CHECK_FAILS(call, code, ...)                                                         \
+    do {                                                                                     \
+        long long got_ = (long long)(call);                                                  \
+        emu_test_checks++;                                                                   \
+        if (got_ != (long long)(code)) {                                                     \
+            emu_test_failures++;                                                             \
+            fprintf(stderr, "%s:%d: %s returned %lld, expected %lld\n", __FILE__, __LINE__,  \
+                    #call, got_, (long long)(code));                                         \
+        }                                                                                    \
+        emu_check_message(__FILE__, __LINE__, #call, (const char *[]){__VA_ARGS__, NULL});   \
+    } while (0)
+
+static inline void emu_check_message(const char *file, int line, const char *what,
+                                     const char *const *fragments)
+{
+    extern const char *aclGetRecentErrMsg(void);
+    const char *message = aclGetRecentErrMsg();
+    emu_test_checks++;
+    if (message == NULL) {
+        emu_test_failures++;
+        fprintf(stderr, "%s:%d: %s left no error message\n", file, line, what);
+        return;
+    }
+    for (; *fragments != NULL; fragments++) {
+        if (strstr(message, *fragments) == NULL) {
+            emu_test_failures++;
+            fprintf(stderr, "%s:%d: %s: message \"%s\" lacks \"%s\"\n", file, line, what, message,
+                    *fragments);
+        }
+    }
+}
+
+static inline int emu_test_finish(const char *name)
+{
+    if (emu_test_failures) {
+        fprintf(stderr, "%s: %d of %d checks failed\n", name, emu_test_failures, emu_test_checks);
+        return 1;
+    }
+    printf("%s: all %d checks passed\n", name, emu_test_checks);
+    return 0;
+}
+
+#endif
