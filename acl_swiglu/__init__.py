@@ -1,3 +1,39 @@
-"""acl-swiglu: aclnnSwigluGroupQuantGrad from Python, on Ascend or on the bundled CPU emulator."""
+"""acl-swiglu: Ascend's aclnnSwigluGroupQuantGrad (SwiGLU backward with MoE weights, clamp and
+group truncation) from Python, on a real CANN install or on the bundled CPU emulator.
+
+Importing loads nothing; the libraries are found and loaded on first use (see backend_info()).
+"""
+
+from ._dtypes import bfloat16
+from ._loader import BackendInfo, abi_revision, backend_info
+from .errors import (
+    AclError,
+    AclInternalError,
+    AclParameterError,
+    AclResourceError,
+    AclRuntimeFailure,
+    AclSwigluError,
+    ArgumentError,
+    ConfigurationError,
+    HandleClosedError,
+    LibraryNotFoundError,
+)
+from .op import (
+    Executor,
+    SwigluGroupQuantGradPlan,
+    get_workspace_size,
+    release_cached,
+    swiglu_group_quant_grad,
+    swiglu_group_quant_grad_device,
+)
+from .runtime import DeviceArray, DeviceBuffer, Stream, default_stream, set_device, synchronize_device, to_device
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "AclError", "AclInternalError", "AclParameterError", "AclResourceError", "AclRuntimeFailure", "AclSwigluError",
+    "ArgumentError", "BackendInfo", "ConfigurationError", "DeviceArray", "DeviceBuffer", "Executor",
+    "HandleClosedError", "LibraryNotFoundError", "Stream", "SwigluGroupQuantGradPlan", "abi_revision",
+    "backend_info", "bfloat16", "default_stream", "get_workspace_size", "release_cached", "set_device", "swiglu_group_quant_grad",
+    "swiglu_group_quant_grad_device", "synchronize_device", "to_device",
+]

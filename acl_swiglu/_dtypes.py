@@ -1,0 +1,47 @@
+"""NumPy dtypes and their aclDataType values (SPEC section 2)."""
+
+from __future__ import annotations
+
+import numpy as np
+import ml_dtypes
+
+ACL_FLOAT = 0
+ACL_FLOAT16 = 1
+ACL_INT32 = 3
+ACL_INT64 = 9
+ACL_BF16 = 27
+ACL_FORMAT_ND = 2
+
+bfloat16 = np.dtype(ml_dtypes.bfloat16)
+
+_TO_ACL = {
+    np.dtype(np.float32): ACL_FLOAT,
+    np.dtype(np.float16): ACL_FLOAT16,
+    bfloat16: ACL_BF16,
+    np.dtype(np.int64): ACL_INT64,
+    np.dtype(np.int32): ACL_INT32,
+}
+
+# Data types of gradY / x / yOrigin / gradX.
+IO_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), bfloat16)
+
+
+def acl_dtype(dtype) -> int:
+    """The aclDataType of a NumPy dtype the package uses."""
+    return _TO_ACL[np.dtype(dtype)]
+
+
+def dtype_name(dtype) -> str:
+    dtype = np.dtype(dtype)
+    return "bfloat16" if dtype == bfloat16 else dtype.name
+
+
+def parse_dtype(name_or_dtype) -> np.dtype:
+    """'fp32'/'float32', 'fp16'/'float16', 'bf16'/'bfloat16' or a dtype -> NumPy dtype."""
+    aliases = {"fp32": np.float32, "float32": np.float32, "fp16": np.float16, "float16": np.float16,
+               "bf16": bfloat16, "bfloat16": bfloat16}
+    if isinstance(name_or_dtype, str):
+        if name_or_dtype.lower() not in aliases:
+            raise ValueError(f"unknown dtype {name_or_dtype!r}: use fp32, fp16 or bf16")
+        return np.dtype(aliases[name_or_dtype.lower()])
+    return np.dtype(name_or_dtype)

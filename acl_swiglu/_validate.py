@@ -1,0 +1,169 @@
+"""Argument rules of aclnnSwigluGroupQuantGrad (SPEC section 1), checked in Python before
+anything is allocated, with errors that name the argument and the rule it broke."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import numpy as np
+
+from ._dtypes import IO_DTYPES, dtype_name
+from .errors import ArgumentError
+
+MAX_RANK = 8
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A validated call: everything phase 1 needs to know, and nothing device-specific."""
+
+    abi: int
+    dtype: np.dtype
+    grad_y_shape: Tuple[int, ...]
+    x_shape: Tuple[int, ...]
+    weight_shape: Optional[Tuple[int, ...]]
+    rows: int
+    hidden: int
+    has_weight: bool
+    has_groups: bool
+    group_count: int
+    clamp_limit: Optional[float]
+
+    @property
+    def clamp_c_value(self) -> float:
+        """clampLimit as the C double of this ABI revision (its own value for "off")."""
+        if self.clamp_limit is None:
+            return -1.0 if self.abi == 2 else 0.0
+        return float(self.clamp_limit)
+
+
+def _describe(value) -> str:
+    return type(value).__name__
+
+
+def check_clamp_limit(clamp_limit) -> Optional[float]:
+    if clamp_limit is None:
+        return None
+    if isinstance(clamp_limit, (bool, np.bool_)) or not isinstance(clamp_limit, numbers.Real):
+        raise TypeError(f"clamp_limit must be None (off) or a real number > 0, got {_describe(clamp_limit)}")
+    value = float(clamp_limit)
+    if math.isnan(value) or math.isinf(value):
+        raise ArgumentError(f"clamp_limit must be a finite number > 0 (or None for off), got {value}")
+    if value <= 0:
+        raise ArgumentError(f"clamp_limit must be > 0 (use None to turn the clamp off), got {value}")
+    if value > FLOAT32_MAX:
+        raise ArgumentError(f"clamp_limit {value} is beyond float32 range; the operator uses it as fp32")
+    if np.float32(value) == 0:
+        raise ArgumentError(f"clamp_limit {value} rounds to 0 in float32; the operator uses it as fp32")
+    return value
+
+
+def _require(value, name: str, kinds, kind_text: str):
+    if not isinstance(value, kinds):
+        raise TypeError(f"{name} must be {kind_text}, got {_describe(value)}")
+
+
+def validate(grad_y, x, weight, y_origin, group_index, clamp_limit, *, abi: int, array_types,
+             array_text: str, group_host: bool, grad_x=None, grad_weight=None, check_outputs: bool = False) -> Problem:
+    """Checks one call. `array_types` are the accepted tensor argument types; `group_host` says
+    group_index is host values (revision 1) rather than an array of `array_types`."""
+    _require(grad_y, "grad_y", array_types, array_text)
+    _require(x, "x", array_types, array_text)
+    for name, value in (("weight", weight), ("y_origin", y_origin)):
+        if value is not None:
+            _require(value, name, array_types, array_text + " or None")
+    if group_index is not None:
+        if group_host:
+            _require(group_index, "group_index", (np.ndarray, list, tuple),
+                     "a 1-D int64 numpy array or a sequence of ints, or None")
+        else:
+            _require(group_index, "group_index", array_types, array_text + " (int64, 1-D) or None")
+
+    dtype = np.dtype(grad_y.dtype)
+    if dtype not in IO_DTYPES:
+        raise ArgumentError(f"grad_y has dtype {dtype_name(dtype)}; it must be float32, float16 or bfloat16")
+    for name, value in (("x", x), ("y_origin", y_origin)):
+        if value is not None and np.dtype(value.dtype) != dtype:
+            raise ArgumentError(f"{name} has dtype {dtype_name(value.dtype)} but grad_y has {dtype_name(dtype)}; "
+                                "they must match")
+    if weight is not None and np.dtype(weight.dtype) != np.float32:
+        raise ArgumentError(f"weight has dtype {dtype_name(weight.dtype)}; it must be float32 "
+                            "(convert with .astype(numpy.float32))")
+
+    gy_shape, x_shape = tuple(grad_y.shape), tuple(x.shape)
+    min_rank, max_rank = (2, 3) if abi == 1 else (1, MAX_RANK)
+    if len(gy_shape) == 0:
+        raise ArgumentError("grad_y is 0-d; it must have shape [..., H]")
+    if not min_rank <= len(gy_shape) <= max_rank:
+        raise ArgumentError(f"grad_y has {len(gy_shape)} dims {gy_shape}; ABI revision {abi} supports "
+                            f"{min_rank} to {max_rank} dims")
+    if len(x_shape) != len(gy_shape):
+        raise ArgumentError(f"x has {len(x_shape)} dims {x_shape} but grad_y has {len(gy_shape)} {gy_shape}; "
+                            "they must have the same rank")
+    if x_shape[:-1] != gy_shape[:-1]:
+        raise ArgumentError(f"x {x_shape} and grad_y {gy_shape} must have the same leading dims")
+    if x_shape[-1] % 2:
+        raise ArgumentError(f"x's last dim is {x_shape[-1]}; it must be even (2H)")
+    if gy_shape[-1] * 2 != x_shape[-1]:
+        raise ArgumentError(f"grad_y's last dim {gy_shape[-1]} must be half of x's last dim {x_shape[-1]}")
+    rows = int(np.prod(gy_shape[:-1], dtype=np.int64))
+    hidden = gy_shape[-1]
+
+    if y_origin is not None and tuple(y_origin.shape) != gy_shape:
+        raise ArgumentError(f"y_origin has shape {tuple(y_origin.shape)} but grad_y has {gy_shape}; they must match")
+    if weight is not None and y_origin is None:
+        raise ArgumentError("weight is given without y_origin; grad_weight needs both (y_origin is the forward "
+                            "output, e.g. acl_swiglu.reference.swiglu(x))")
+    if y_origin is not None and weight is None:
+        raise ArgumentError("y_origin is given without weight; it is only used to compute grad_weight")
+    weight_shape = None
+    if weight is not None:
+        weight_shape = tuple(weight.shape)
+        if abi == 1:
+            if weight_shape != gy_shape[:-1] + (1,):
+                raise ArgumentError(f"weight has shape {weight_shape}; ABI revision 1 needs grad_y's leading dims "
+                                    f"followed by 1: {gy_shape[:-1] + (1,)}")
+        else:
+            count = int(np.prod(weight_shape, dtype=np.int64))
+            if not 1 <= len(weight_shape) <= MAX_RANK or count != rows:
+                raise ArgumentError(f"weight has shape {weight_shape} ({count} elements); it must hold one value per "
+                                    f"row, T = {rows} elements, in 1 to {MAX_RANK} dims (e.g. {gy_shape[:-1] + (1,)})")
+
+    group_count = 0
+    if group_index is not None:
+        if group_host:
+            values = np.asarray(group_index)
+            if values.ndim != 1:
+                raise ArgumentError(f"group_index must be 1-D (one count per group), got shape {values.shape}")
+            if values.size and not np.issubdtype(values.dtype, np.integer):
+                raise ArgumentError(f"group_index must hold integers, got dtype {values.dtype}")
+            group_count = values.size
+        else:
+            if np.dtype(group_index.dtype) != np.int64:
+                raise ArgumentError(f"group_index has dtype {dtype_name(group_index.dtype)}; it must be int64")
+            if len(group_index.shape) != 1:
+                raise ArgumentError(f"group_index must be 1-D [G], got shape {tuple(group_index.shape)}")
+            group_count = int(group_index.shape[0])
+
+    clamp = check_clamp_limit(clamp_limit)
+
+    if check_outputs:
+        if grad_x is not None:
+            _require(grad_x, "grad_x", array_types, array_text + " or None")
+            if tuple(grad_x.shape) != x_shape or np.dtype(grad_x.dtype) != dtype:
+                raise ArgumentError(f"grad_x is {tuple(grad_x.shape)} {dtype_name(grad_x.dtype)}; it must be "
+                                    f"{x_shape} {dtype_name(dtype)} like x")
+        if grad_weight is not None:
+            if weight is None:
+                raise ArgumentError("grad_weight is given without weight")
+            _require(grad_weight, "grad_weight", array_types, array_text + " or None")
+            if tuple(grad_weight.shape) != weight_shape or np.dtype(grad_weight.dtype) != np.float32:
+                raise ArgumentError(f"grad_weight is {tuple(grad_weight.shape)} {dtype_name(grad_weight.dtype)}; it "
+                                    f"must be {weight_shape} float32 like weight")
+
+    return Problem(abi, dtype, gy_shape, x_shape, weight_shape, rows, hidden, weight is not None,
+                   group_index is not None, group_count, clamp)

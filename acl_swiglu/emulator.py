@@ -1,0 +1,79 @@
+"""Helpers that only the bundled CPU emulator supports: live-handle counts and fault injection."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Dict, Iterator, Union
+
+from . import _ffi
+from .errors import AclSwigluError
+
+KINDS = ("tensor", "int_array", "executor", "stream", "allocation")
+
+
+class NotEmulatorError(AclSwigluError, RuntimeError):
+    """An emulator-only helper was called while a real CANN backend is loaded."""
+
+
+def _api():
+    api = _ffi.api()
+    if not api.libraries.is_emulator:
+        raise NotEmulatorError(f"this needs the CPU emulator, but the loaded backend is CANN ({api.libraries.info.runtime})")
+    return api
+
+
+def is_active() -> bool:
+    """True when the loaded backend is the emulator (loads the libraries if needed)."""
+    return _ffi.api().libraries.is_emulator
+
+
+def version() -> str:
+    return _api().aclEmuVersion().decode()
+
+
+def live_counts() -> Dict[str, int]:
+    """Live handles by kind, from the emulator's own counters (plus ``bytes`` of device memory)."""
+    api = _api()
+    counts = {kind: int(api.aclEmuLiveCount(i)) for i, kind in enumerate(KINDS)}
+    counts["bytes"] = int(api.aclEmuLiveBytes())
+    return counts
+
+
+def set_threads(threads: int) -> None:
+    """Kernel worker threads (0 = one per CPU); results do not depend on it."""
+    _api().aclEmuSetThreads(int(threads))
+
+
+def _plan_text(faults) -> str:
+    if isinstance(faults, str):
+        return faults
+    parts = []
+    for entry in faults:
+        api_name, nth, code = entry
+        parts.append(f"{api_name}:{int(nth)}:{int(code)}")
+    return ",".join(parts)
+
+
+@contextlib.contextmanager
+def inject_faults(faults: Union[str, list]) -> Iterator[None]:
+    """Within the block, the Nth call of each named API fails with the given code.
+
+    ``faults`` is "name:N:code[,...]" or a list of (name, N, code). Calls are counted from the
+    start of the block. The plan is cleared on exit; ``faults_injected()`` tells how many fired.
+    """
+    api = _api()
+    api.aclEmuSetFaults(_plan_text(faults).encode())
+    try:
+        yield
+    finally:
+        fired = api.aclEmuFaultsInjected()
+        api.aclEmuSetFaults(None)
+        inject_faults.last_injected = int(fired)
+
+
+inject_faults.last_injected = 0
+
+
+def faults_injected() -> int:
+    """Faults injected since the current plan was set (or by the last inject_faults block)."""
+    return int(_api().aclEmuFaultsInjected())

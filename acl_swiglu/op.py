@@ -1,0 +1,406 @@
+"""aclnnSwigluGroupQuantGrad: the two phases, a one-shot NumPy call, a device-level call and a
+reusable plan for hot loops."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from contextlib import ExitStack
+from typing import Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import _ffi
+from ._loader import abi_revision
+from ._validate import Problem, validate
+from .errors import ArgumentError, HandleClosedError
+from .runtime import DeviceArray, Owned, Stream, default_stream, runtime_api, to_device
+from .tensor import AclIntArray, AclTensor, tensor_for
+
+INPUT_SLOTS = ("grad_y", "x", "weight", "y_origin", "group_index")   # aclSetInputTensorAddr indexes
+OUTPUT_SLOTS = ("grad_x", "grad_weight")                              # aclSetOutputTensorAddr indexes
+PHASE2 = "aclnnSwigluGroupQuantGrad"
+
+
+class Executor(Owned):
+    """The aclOpExecutor phase 1 returned, with the handles it was made from.
+
+    Single-use unless made repeatable: ``launch`` consumes a single-use one (CANN frees it),
+    a repeatable one lives until close().
+    """
+
+    _kind = "Executor"
+
+    def __init__(self, handle, workspace_size: int, problem: Problem, keep_alive: Sequence[object]):
+        super().__init__()
+        self.workspace_size = int(workspace_size)
+        self.problem = problem
+        self.repeatable = False
+        self.launches = 0
+        self._keep_alive = list(keep_alive)   # tensors must outlive the executor
+        raw_destroy = runtime_api().raw.aclDestroyAclOpExecutor
+        self._own(handle, lambda handle=handle: raw_destroy(handle))
+
+    def make_repeatable(self) -> None:
+        """aclSetAclOpExecutorRepeatable: keep the executor for many launches."""
+        runtime_api().aclSetAclOpExecutorRepeatable(self)
+        self.repeatable = True
+
+    def launch(self, stream: Optional[Stream] = None, workspace=None) -> None:
+        """Phase 2 on `stream` (default stream if None). The work runs asynchronously: wait
+        with stream.synchronize() (DeviceArray.to_numpy does it for its writer)."""
+        stream = stream if stream is not None else default_stream()
+        api = runtime_api()
+        handle = self._as_parameter_
+        if workspace is not None:
+            if self.workspace_size and workspace.nbytes < self.workspace_size:
+                raise ArgumentError(f"workspace has {workspace.nbytes} bytes; phase 1 asked for {self.workspace_size}")
+            self._launch_now(api, handle, workspace.ptr if self.workspace_size else None, stream)
+        else:
+            stream.run_with_workspace(
+                self.workspace_size, lambda ptr: self._launch_now(api, handle, ptr, stream))
+
+    def _launch_now(self, api, handle, workspace_ptr, stream) -> None:
+        status = api.raw.aclnnSwigluGroupQuantGrad(workspace_ptr, self.workspace_size, handle, stream)
+        self.launches += 1
+        if not self.repeatable:
+            # CANN consumed it, failed or not: never destroy it ourselves.
+            self._finalizer.detach()
+            self._handle = None
+            self._keep_alive = []
+        if status != 0:
+            _ffi.raise_status(status, PHASE2, api.get_message)
+
+
+def get_workspace_size(grad_y: DeviceArray, x: DeviceArray, weight: Optional[DeviceArray] = None,
+                       y_origin: Optional[DeviceArray] = None, group_index=None, clamp_limit=None, *,
+                       grad_x: DeviceArray, grad_weight: Optional[DeviceArray] = None) -> Executor:
+    """Phase 1 (aclnnSwigluGroupQuantGradGetWorkspaceSize) on device arrays: validates, and
+    returns the Executor (``.workspace_size`` bytes of workspace needed, ``.launch()`` is phase 2).
+    Revision 1 takes group_index as host ints; revision 2 as an int64 DeviceArray."""
+    abi = abi_revision()
+    problem = validate(grad_y, x, weight, y_origin, group_index, clamp_limit, abi=abi, array_types=(DeviceArray,),
+                       array_text="a DeviceArray", group_host=abi == 1, grad_x=grad_x, grad_weight=grad_weight,
+                       check_outputs=True)
+    if grad_x is None:
+        raise ArgumentError("grad_x is required: phase 1 needs the output tensor")
+    if weight is not None and grad_weight is None:
+        raise ArgumentError("grad_weight is required when weight is given")
+    _check_open(grad_y=grad_y, x=x, weight=weight, y_origin=y_origin, grad_x=grad_x, grad_weight=grad_weight,
+                group_index=group_index if abi == 2 else None)
+    with ExitStack() as stack:
+        group = _group_argument(problem, group_index, stack)
+        return _phase1(problem, tensor_for(grad_y), tensor_for(x), tensor_for(weight), tensor_for(y_origin),
+                       group, tensor_for(grad_x), tensor_for(grad_weight))
+
+
+def _check_open(**arrays) -> None:
+    for name, array in arrays.items():
+        if array is not None and array.closed:
+            raise HandleClosedError(f"{name} is a closed DeviceArray")
+
+
+def _group_argument(problem: Problem, group_index, stack: ExitStack):
+    """groupIndex as the current revision takes it: an int64 tensor or (revision 1) int array."""
+    if group_index is None:
+        return None
+    if problem.abi == 1:
+        # Revision 1 reads the values at phase 1; the array can go right after.
+        return stack.enter_context(AclIntArray(np.asarray(group_index, dtype=np.int64)))
+    return tensor_for(group_index)
+
+
+def _phase1(problem: Problem, gy, x, weight, y_origin, group, grad_x, grad_weight) -> Executor:
+    api = runtime_api()
+    size = ctypes.c_uint64()
+    handle = _ffi.aclOpExecutor_p()
+    fn = (api.aclnnSwigluGroupQuantGradGetWorkspaceSize if problem.abi == 2
+          else api.aclnnSwigluGroupQuantGradGetWorkspaceSize_rev1)
+    fn(gy, x, weight, y_origin, group, problem.clamp_c_value, grad_x, grad_weight, ctypes.byref(size),
+       ctypes.byref(handle))
+    keep = [t for t in (gy, x, weight, y_origin, grad_x, grad_weight) if t is not None]
+    if problem.abi == 2 and group is not None:
+        keep.append(group)
+    return Executor(handle, size.value, problem, keep)
+
+
+# ---- one-shot NumPy call ----
+
+_thread_state = threading.local()
+_thread_streams_lock = threading.Lock()
+_thread_streams: "list[Stream]" = []
+
+
+def _thread_stream() -> Stream:
+    """A private stream per thread for one-shot calls, so threads do not wait on each other."""
+    stream = getattr(_thread_state, "stream", None)
+    if stream is None or stream.closed:
+        stream = _thread_state.stream = Stream()
+        with _thread_streams_lock:
+            _thread_streams[:] = [s for s in _thread_streams if not s.closed]
+            _thread_streams.append(stream)
+    return stream
+
+
+def release_cached() -> None:
+    """Destroys the per-thread streams of one-shot calls and frees every cached workspace
+    (they are made again on demand). Call it when no call is in flight, e.g. between tests."""
+    with _thread_streams_lock:
+        streams, _thread_streams[:] = list(_thread_streams), []
+    for stream in streams:
+        stream.close()
+    default_stream().release_workspace()
+
+
+def _quiet_synchronize(stream: Stream) -> None:
+    try:
+        stream.synchronize()
+    except Exception:   # the original error is what the caller needs to see
+        pass
+
+
+def swiglu_group_quant_grad(grad_y: np.ndarray, x: np.ndarray, weight: Optional[np.ndarray] = None,
+                            y_origin: Optional[np.ndarray] = None, group_index: Optional[np.ndarray] = None,
+                            clamp_limit: Optional[float] = None) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+    """SwiGLU backward on NumPy arrays: copies to the device, runs both phases, copies back.
+
+    grad_y [..., H], x [..., 2H] (float32, float16 or ml_dtypes.bfloat16, 1-8 dims), weight
+    (float32, T = prod(leading dims) elements) with y_origin (grad_y's shape and dtype),
+    group_index (int64 [G] token counts: only the first min(sum, T) rows are computed, the
+    rest are zero), clamp_limit None (off) or > 0. Returns fresh arrays (grad_x like x,
+    grad_weight like weight or None). Inputs are never modified.
+    """
+    abi = abi_revision()
+    problem = validate(grad_y, x, weight, y_origin, group_index, clamp_limit, abi=abi, array_types=(np.ndarray,),
+                       array_text="a numpy.ndarray", group_host=False)
+    grad_x = np.empty(problem.x_shape, problem.dtype)
+    grad_weight = np.empty(problem.weight_shape, np.float32) if weight is not None else None
+    stream = _thread_stream()
+    with ExitStack() as stack:
+        device = {}
+        for name, array in (("grad_y", grad_y), ("x", x), ("weight", weight), ("y_origin", y_origin),
+                            ("group_index", group_index if abi == 2 else None)):
+            device[name] = stack.enter_context(to_device(array)) if array is not None else None
+        d_grad_x = stack.enter_context(DeviceArray.empty(problem.x_shape, problem.dtype))
+        d_grad_weight = (stack.enter_context(DeviceArray.empty(problem.weight_shape, np.float32))
+                         if weight is not None else None)
+        group = _group_argument(problem, group_index if abi == 1 else device["group_index"], stack)
+        executor = stack.enter_context(_phase1(
+            problem, tensor_for(device["grad_y"]), tensor_for(device["x"]), tensor_for(device["weight"]),
+            tensor_for(device["y_origin"]), group, tensor_for(d_grad_x), tensor_for(d_grad_weight)))
+        # If anything below fails, queued work must finish before the buffers are freed.
+        stack.callback(_quiet_synchronize, stream)
+        executor.launch(stream)
+        stream.synchronize()
+        if grad_x.size:
+            d_grad_x.buffer.copy_to_host(grad_x)
+        if grad_weight is not None and grad_weight.size:
+            d_grad_weight.buffer.copy_to_host(grad_weight)
+    return grad_x, grad_weight
+
+
+# ---- device-level call ----
+
+
+def swiglu_group_quant_grad_device(grad_y: DeviceArray, x: DeviceArray, weight: Optional[DeviceArray] = None,
+                                   y_origin: Optional[DeviceArray] = None, group_index=None, clamp_limit=None, *,
+                                   grad_x: Optional[DeviceArray] = None, grad_weight: Optional[DeviceArray] = None,
+                                   stream: Optional[Stream] = None) -> Tuple[DeviceArray, Optional[DeviceArray]]:
+    """Both phases on device arrays, queued on `stream` (default stream if None); returns
+    (grad_x, grad_weight), allocated when not given. Does not wait: synchronise the stream, or
+    call to_numpy() on an output (which waits for it)."""
+    abi = abi_revision()
+    problem = validate(grad_y, x, weight, y_origin, group_index, clamp_limit, abi=abi, array_types=(DeviceArray,),
+                       array_text="a DeviceArray", group_host=abi == 1, grad_x=grad_x, grad_weight=grad_weight,
+                       check_outputs=True)
+    _check_open(grad_y=grad_y, x=x, weight=weight, y_origin=y_origin, grad_x=grad_x, grad_weight=grad_weight,
+                group_index=group_index if abi == 2 else None)
+    stream = stream if stream is not None else default_stream()
+    made = []
+    try:
+        if grad_x is None:
+            grad_x = DeviceArray.empty(problem.x_shape, problem.dtype)
+            made.append(grad_x)
+        if weight is not None and grad_weight is None:
+            grad_weight = DeviceArray.empty(problem.weight_shape, np.float32)
+            made.append(grad_weight)
+        with ExitStack() as stack:
+            group = _group_argument(problem, group_index, stack)
+            executor = _phase1(problem, tensor_for(grad_y), tensor_for(x), tensor_for(weight), tensor_for(y_origin),
+                               group, tensor_for(grad_x), tensor_for(grad_weight))
+            executor.launch(stream)
+    except BaseException:
+        for array in made:
+            array.close()
+        raise
+    grad_x.pending = stream
+    if grad_weight is not None:
+        grad_weight.pending = stream
+    return grad_x, grad_weight
+
+
+# ---- plan ----
+
+
+class SwigluGroupQuantGradPlan:
+    """A repeatable executor for fixed shapes, dtypes and options, for hot loops.
+
+    Built once from device arrays (their layouts are the plan's; their addresses the first
+    binding). Each call rebinds only the addresses that changed (aclSetInputTensorAddr /
+    aclSetOutputTensorAddr on the plan's own tensor handles) and launches phase 2 on the plan's
+    stream. Calls are serialised by a lock, so one plan may be shared between threads.
+    """
+
+    def __init__(self, grad_y: DeviceArray, x: DeviceArray, weight: Optional[DeviceArray] = None,
+                 y_origin: Optional[DeviceArray] = None, group_index=None, clamp_limit=None, *,
+                 grad_x: Optional[DeviceArray] = None, grad_weight: Optional[DeviceArray] = None,
+                 stream: Optional[Stream] = None):
+        abi = abi_revision()
+        self.problem = validate(grad_y, x, weight, y_origin, group_index, clamp_limit, abi=abi,
+                                array_types=(DeviceArray,), array_text="a DeviceArray", group_host=abi == 1,
+                                grad_x=grad_x, grad_weight=grad_weight, check_outputs=True)
+        _check_open(grad_y=grad_y, x=x, weight=weight, y_origin=y_origin, grad_x=grad_x, grad_weight=grad_weight,
+                    group_index=group_index if abi == 2 else None)
+        self.stream = stream if stream is not None else default_stream()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._owned_outputs = []
+        self._tensors = {}
+        self._executor: Optional[Executor] = None
+        try:
+            if grad_x is None:
+                grad_x = DeviceArray.empty(self.problem.x_shape, self.problem.dtype)
+                self._owned_outputs.append(grad_x)
+            if weight is not None and grad_weight is None:
+                grad_weight = DeviceArray.empty(self.problem.weight_shape, np.float32)
+                self._owned_outputs.append(grad_weight)
+            self._arrays = {"grad_y": grad_y, "x": x, "weight": weight, "y_origin": y_origin,
+                            "group_index": group_index if abi == 2 else None,
+                            "grad_x": grad_x, "grad_weight": grad_weight}
+            self._layouts = {name: a.layout() for name, a in self._arrays.items() if a is not None}
+            self._bound = {name: a.ptr for name, a in self._arrays.items() if a is not None}
+            # The plan's own handles: rebinding writes into them, so they are not shared.
+            self._tensors = {name: AclTensor(a) for name, a in self._arrays.items() if a is not None}
+            self._group_values = (tuple(int(v) for v in np.asarray(group_index, dtype=np.int64))
+                                  if abi == 1 and group_index is not None else None)
+            self._build_executor()
+        except BaseException:
+            self.close()
+            raise
+
+    def _build_executor(self) -> None:
+        t = self._tensors
+        with ExitStack() as stack:
+            group = (stack.enter_context(AclIntArray(self._group_values)) if self._group_values is not None
+                     else t.get("group_index"))
+            executor = _phase1(self.problem, t["grad_y"], t["x"], t.get("weight"), t.get("y_origin"), group,
+                               t["grad_x"], t.get("grad_weight"))
+        try:
+            executor.make_repeatable()
+        except BaseException:
+            executor.close()
+            raise
+        self._executor = executor
+
+    @property
+    def grad_x(self) -> DeviceArray:
+        return self._arrays["grad_x"]
+
+    @property
+    def grad_weight(self) -> Optional[DeviceArray]:
+        return self._arrays["grad_weight"]
+
+    @property
+    def workspace_size(self) -> int:
+        return self._executor.workspace_size if self._executor is not None else 0
+
+    def __call__(self, grad_y: Optional[DeviceArray] = None, x: Optional[DeviceArray] = None,
+                 weight: Optional[DeviceArray] = None, y_origin: Optional[DeviceArray] = None, group_index=None, *,
+                 grad_x: Optional[DeviceArray] = None, grad_weight: Optional[DeviceArray] = None
+                 ) -> Tuple[DeviceArray, Optional[DeviceArray]]:
+        """Launches phase 2 with the given arrays rebound (others keep their last binding).
+        Returns the bound (grad_x, grad_weight); the work is queued on the plan's stream."""
+        given = {"grad_y": grad_y, "x": x, "weight": weight, "y_origin": y_origin, "grad_x": grad_x,
+                 "grad_weight": grad_weight}
+        if self.problem.abi == 2:
+            given["group_index"] = group_index
+        with self._lock:
+            if self._closed:
+                raise HandleClosedError("this SwigluGroupQuantGradPlan was closed")
+            api = runtime_api()
+            for name, array in given.items():
+                if array is not None:
+                    self._rebind(api, name, array)
+            if self.problem.abi == 1 and group_index is not None:
+                self._regroup(group_index)
+            self._executor.launch(self.stream)
+            grad_x_array, grad_weight_array = self._arrays["grad_x"], self._arrays["grad_weight"]
+            grad_x_array.pending = self.stream
+            if grad_weight_array is not None:
+                grad_weight_array.pending = self.stream
+        return grad_x_array, grad_weight_array
+
+    def _rebind(self, api, name: str, array: DeviceArray) -> None:
+        if name not in self._layouts:
+            raise ArgumentError(f"the plan was built without {name}; build another plan to use it")
+        if not isinstance(array, DeviceArray):
+            raise TypeError(f"{name} must be a DeviceArray, got {type(array).__name__}")
+        if array.closed:
+            raise HandleClosedError(f"{name} is a closed DeviceArray")
+        if array.layout() != self._layouts[name]:
+            raise ArgumentError(f"{name} has layout (shape, dtype, strides, offset) {array.layout()}; the plan was "
+                                f"built for {self._layouts[name]}")
+        ptr = array.ptr
+        if ptr != self._bound[name]:
+            if name in OUTPUT_SLOTS:
+                status = api.raw.aclSetOutputTensorAddr(self._executor, OUTPUT_SLOTS.index(name),
+                                                        self._tensors[name], ptr)
+                api_name = "aclSetOutputTensorAddr"
+            else:
+                status = api.raw.aclSetInputTensorAddr(self._executor, INPUT_SLOTS.index(name),
+                                                       self._tensors[name], ptr)
+                api_name = "aclSetInputTensorAddr"
+            if status != 0:
+                _ffi.raise_status(status, api_name, api.get_message)
+            self._bound[name] = ptr
+        self._arrays[name] = array
+
+    def _regroup(self, group_index) -> None:
+        values = np.asarray(group_index)
+        if values.ndim != 1 or (values.size and not np.issubdtype(values.dtype, np.integer)):
+            raise ArgumentError(f"group_index must be 1-D integers, got {values.dtype} {values.shape}")
+        values = tuple(int(v) for v in values.astype(np.int64))
+        if self._group_values is None:
+            raise ArgumentError("the plan was built without group_index; build another plan to use it")
+        if values != self._group_values:
+            # Revision 1 reads the counts at phase 1: new counts need a new executor.
+            old = self._executor
+            self._group_values = values
+            self._build_executor()
+            old.close()
+
+    def close(self) -> None:
+        """Destroys the executor and the plan's tensors, and frees outputs the plan allocated."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._executor is not None:
+                try:
+                    self.stream.synchronize()   # queued launches still use the executor's memory
+                finally:
+                    self._executor.close()
+            for tensor in self._tensors.values():
+                tensor.close()
+            for array in self._owned_outputs:
+                array.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,64 @@
+"""aclTensor and aclIntArray handles over device arrays and host integer lists."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Optional, Sequence
+
+import numpy as np
+
+from . import _ffi
+from ._dtypes import ACL_FORMAT_ND, acl_dtype
+from .runtime import DeviceArray, Owned, runtime_api
+
+
+class AclTensor(Owned):
+    """An aclTensor describing a DeviceArray view (shape, element strides, offset, dtype, ND).
+
+    The storage is declared as a 1-D element count covering the view, so non-contiguous views
+    are passed as they are. ``address`` overrides the data pointer (NULL for a placeholder).
+    """
+
+    _kind = "AclTensor"
+
+    def __init__(self, array: DeviceArray, address: Optional[int] = None):
+        super().__init__()
+        api = runtime_api()
+        ndim = len(array.shape)
+        dims = (ctypes.c_int64 * max(ndim, 1))(*array.shape)
+        strides = (ctypes.c_int64 * max(ndim, 1))(*array.strides)
+        storage_numel = array.last_index + 1 if array.size else 0
+        if array.buffer is not None and not array.buffer.closed:
+            storage_numel = max(storage_numel, array.buffer.nbytes // array.dtype.itemsize)
+        storage = (ctypes.c_int64 * 1)(storage_numel)
+        data = array.ptr if address is None else address
+        handle = api.aclCreateTensor(dims, ndim, acl_dtype(array.dtype), strides, array.offset, ACL_FORMAT_ND,
+                                     storage, 1, data or None)
+        raw_destroy = api.raw.aclDestroyTensor
+        self._own(handle, lambda handle=handle: raw_destroy(handle))
+
+
+class AclIntArray(Owned):
+    """An aclIntArray (host int64 values, copied by CANN at creation)."""
+
+    _kind = "AclIntArray"
+
+    def __init__(self, values: Sequence[int]):
+        super().__init__()
+        api = runtime_api()
+        values = np.ascontiguousarray(values, dtype=np.int64)
+        pointer = values.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)) if values.size else None
+        handle = api.aclCreateIntArray(pointer, values.size)
+        raw_destroy = api.raw.aclDestroyIntArray
+        self._own(handle, lambda handle=handle: raw_destroy(handle))
+        self.values = tuple(int(v) for v in values)
+
+
+def tensor_for(array: Optional[DeviceArray]) -> Optional[AclTensor]:
+    """The array's own cached aclTensor (made on first use, freed with the array)."""
+    if array is None:
+        return None
+    tensor = array._tensor
+    if tensor is None or tensor.closed:
+        tensor = array._tensor = AclTensor(array)
+    return tensor
