@@ -1,0 +1,345 @@
+"""acl-swiglu-sample: the seed document's example, done correctly, then checked against the
+NumPy reference. Options change the shapes, data, options, backend and ABI; --repeat times the
+phases; --json prints everything as one JSON object.
+
+Exit status: 0 the check passed (or was skipped with --no-check), 1 the check failed, 2 bad
+options, 3 the libraries or an ACL call failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from typing import List, Optional
+
+import numpy as np
+
+EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE, EXIT_ACL = 0, 1, 2, 3
+SHOWN = 10
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _clamp(text: str) -> Optional[float]:
+    if text.lower() in ("none", "off"):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number (or 'none')") from None
+    if not np.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, or 'none' for off; got {text}")
+    return value
+
+
+NO_GROUPS = "none"
+
+
+def _groups(text: str):
+    if text.lower() in ("none", "off"):
+        return NO_GROUPS
+    if text.strip() == "":
+        return []
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of ints (or 'none')") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="acl-swiglu-sample",
+        description="Run aclnnSwigluGroupQuantGrad like the CANN documentation's example "
+                    "(gradY [512,512], x [512,1024], weight [512,1], groupIndex {256,256}, clamp 1.0, fp16) "
+                    "and check the result against the NumPy reference.")
+    parser.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default="fp16",
+                        help="dtype of gradY, x, yOrigin and gradX (default fp16)")
+    parser.add_argument("--tokens", type=_non_negative_int, default=512, help="tokens T, or S with --batch (default 512)")
+    parser.add_argument("--hidden", type=_non_negative_int, default=512, help="hidden size H; x has 2H columns (default 512)")
+    parser.add_argument("--batch", type=_positive_int, default=None, help="make inputs 3-D [B, tokens, H]")
+    parser.add_argument("--clamp", type=_clamp, default=1.0, metavar="LIMIT",
+                        help="clamp limit > 0, or 'none' for no clamp (default 1.0)")
+    parser.add_argument("--no-weight", action="store_true", help="no weight/yOrigin, so no gradWeight")
+    parser.add_argument("--group-index", type=_groups, default=None, metavar="N,N,...",
+                        help="per-group token counts, or 'none' (default: two halves of all rows, "
+                             "256,256 for 512 rows)")
+    parser.add_argument("--random", action="store_true", help="normal random data instead of the example's patterns")
+    parser.add_argument("--seed", type=int, default=0, help="random seed for --random (default 0)")
+    parser.add_argument("--abi", choices=("1", "2"), default=None,
+                        help="operator ABI revision (default: ACL_SWIGLU_ABI, else 2)")
+    parser.add_argument("--backend", choices=("auto", "cann", "emulator"), default=None,
+                        help="library backend (default: ACL_SWIGLU_BACKEND, else auto)")
+    parser.add_argument("--device-id", type=_non_negative_int, default=None, help="device to use (default 0)")
+    parser.add_argument("--no-check", action="store_true", help="skip the comparison with the reference")
+    parser.add_argument("--repeat", type=_positive_int, default=None, metavar="N",
+                        help="also time phase 1, phase 2 + synchronize, and a plan call, N times each")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    return parser
+
+
+def make_inputs(args, rng=None):
+    """The example's inputs (or random ones) as NumPy arrays, converted properly to the dtype."""
+    from ._dtypes import parse_dtype
+
+    dtype = parse_dtype(args.dtype)
+    lead = (args.batch, args.tokens) if args.batch else (args.tokens,)
+    rows = int(np.prod(lead))
+    hidden = args.hidden
+    if args.random:
+        rng = rng or np.random.default_rng(args.seed)
+        grad_y = rng.standard_normal(lead + (hidden,))
+        x = rng.standard_normal(lead + (2 * hidden,))
+        weight = rng.random(lead + (1,)) + 0.5
+        y_origin = rng.standard_normal(lead + (hidden,))
+    else:
+        def pattern(shape, fn):
+            i = np.arange(int(np.prod(shape)), dtype=np.float64)
+            return fn(i).reshape(shape)
+
+        grad_y = pattern(lead + (hidden,), lambda i: (i % 10) * 0.1)
+        x = pattern(lead + (2 * hidden,), lambda i: ((i % 20) - 10) * 0.5)
+        weight = pattern(lead + (1,), lambda i: ((i % 5) + 1) * 0.2)
+        y_origin = pattern(lead + (hidden,), lambda i: ((i % 8) + 1) * 0.3)
+    inputs = {
+        "grad_y": grad_y.astype(dtype),
+        "x": x.astype(dtype),
+        "weight": None if args.no_weight else weight.astype(np.float32),
+        "y_origin": None if args.no_weight else y_origin.astype(dtype),
+    }
+    groups = args.group_index
+    if groups is None:   # the default: two halves of all rows, like the example's {256, 256}
+        groups = [rows // 2, rows - rows // 2]
+    elif groups == NO_GROUPS:
+        groups = None
+    inputs["group_index"] = None if groups is None else np.asarray(groups, dtype=np.int64)
+    inputs["clamp_limit"] = args.clamp
+    return inputs
+
+
+class _Progress:
+    """A one-line progress bar on stderr, shown once a run has taken more than a second."""
+
+    def __init__(self, label: str, total: int, enabled: bool):
+        self.label, self.total, self.enabled = label, total, enabled
+        self.start = time.perf_counter()
+        self.shown = False
+
+    def update(self, done: int) -> None:
+        if not self.enabled:
+            return
+        elapsed = time.perf_counter() - self.start
+        if elapsed < 1.0 or (done % max(1, self.total // 100) and done != self.total):
+            return
+        self.shown = True
+        width = 30
+        filled = int(width * done / self.total)
+        eta = elapsed / done * (self.total - done) if done else 0.0
+        sys.stderr.write(f"\r{self.label:<22} [{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} "
+                         f"eta {eta:5.1f}s")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.shown:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def _summary(samples: List[float]) -> dict:
+    us = [s * 1e6 for s in samples]
+    return {"n": len(us), "min_us": min(us), "median_us": statistics.median(us), "max_us": max(us)}
+
+
+def time_phases(inputs, repeat: int, progress: bool) -> dict:
+    """Times phase 1, phase 2 + synchronize, and a plan call + synchronize on device copies."""
+    import acl_swiglu as acl
+
+    names = ("grad_y", "x", "weight", "y_origin", "group_index")
+    abi = acl.abi_revision()
+    device = {}
+    results = {}
+    stream = acl.Stream()
+    try:
+        for name in names:
+            value = inputs[name]
+            if value is None:
+                device[name] = None
+            elif name == "group_index" and abi == 1:
+                device[name] = value
+            else:
+                device[name] = acl.to_device(value)
+        grad_x = acl.DeviceArray.empty(inputs["x"].shape, inputs["x"].dtype)
+        grad_weight = (acl.DeviceArray.empty(inputs["weight"].shape, np.float32)
+                       if inputs["weight"] is not None else None)
+        args = [device[n] for n in names] + [inputs["clamp_limit"]]
+
+        phase1, phase2, plan_times = [], [], []
+        bar = _Progress("phase 1", repeat, progress)
+        for i in range(repeat):
+            t0 = time.perf_counter()
+            executor = acl.get_workspace_size(*args, grad_x=grad_x, grad_weight=grad_weight)
+            phase1.append(time.perf_counter() - t0)
+            executor.close()
+            bar.update(i + 1)
+        bar.close()
+        bar = _Progress("phase 2 + synchronize", repeat, progress)
+        for i in range(repeat):
+            executor = acl.get_workspace_size(*args, grad_x=grad_x, grad_weight=grad_weight)
+            t0 = time.perf_counter()
+            executor.launch(stream)
+            stream.synchronize()
+            phase2.append(time.perf_counter() - t0)
+            bar.update(i + 1)
+        bar.close()
+        bar = _Progress("plan + synchronize", repeat, progress)
+        with acl.SwigluGroupQuantGradPlan(*args, grad_x=grad_x, grad_weight=grad_weight, stream=stream) as plan:
+            for i in range(repeat):
+                t0 = time.perf_counter()
+                plan()
+                stream.synchronize()
+                plan_times.append(time.perf_counter() - t0)
+                bar.update(i + 1)
+        bar.close()
+        results = {"phase1": _summary(phase1), "phase2_sync": _summary(phase2), "plan_sync": _summary(plan_times)}
+    finally:
+        stream.close()
+        for name in names:
+            if isinstance(device.get(name), acl.DeviceArray):
+                device[name].close()
+        if "grad_x" in locals():
+            grad_x.close()
+        if locals().get("grad_weight") is not None:
+            grad_weight.close()
+    return results
+
+
+def _first(values: Optional[np.ndarray]) -> List[float]:
+    if values is None:
+        return []
+    return [float(v) for v in values.reshape(-1)[:SHOWN].astype(np.float64)]
+
+
+def run(args) -> int:
+    if args.backend:
+        os.environ["ACL_SWIGLU_BACKEND"] = args.backend
+    if args.abi:
+        os.environ["ACL_SWIGLU_ABI"] = args.abi
+
+    import acl_swiglu as acl
+    from acl_swiglu import reference
+
+    report = {"ok": False}
+    out = [] if args.json else None
+
+    def say(line: str = "") -> None:
+        if out is None:
+            print(line, flush=True)
+
+    info = acl.backend_info()
+    report["backend"] = info.as_dict()
+    say(f"backend: {'CPU emulator' if info.backend == 'emulator' else 'CANN'} (ABI revision {info.abi}), "
+        f"root {info.root or '(system loader)'}")
+    say(f"  operator library: {info.operator}")
+    if args.device_id is not None:
+        acl.set_device(args.device_id)
+
+    inputs = make_inputs(args)
+    shapes = {k: list(v.shape) for k, v in inputs.items() if isinstance(v, np.ndarray)}
+    report["inputs"] = {"dtype": args.dtype, "shapes": shapes, "clamp_limit": inputs["clamp_limit"],
+                        "group_index": None if inputs["group_index"] is None else inputs["group_index"].tolist(),
+                        "data": "random (seed %d)" % args.seed if args.random else "documented patterns"}
+    say(f"gradY {shapes['grad_y']} x {shapes['x']} {args.dtype}, "
+        f"weight {shapes.get('weight', 'none')}, groupIndex {report['inputs']['group_index']}, "
+        f"clamp {inputs['clamp_limit']}")
+
+    call_args = {k: inputs[k] for k in ("grad_y", "x", "weight", "y_origin", "group_index", "clamp_limit")}
+    grad_x, grad_weight = acl.swiglu_group_quant_grad(**call_args)
+    report["grad_x_first"] = _first(grad_x)
+    report["grad_weight_first"] = _first(grad_weight)
+    say("gradX output (first 10 elements):")
+    for i, value in enumerate(report["grad_x_first"]):
+        say(f"gradX[{i}] = {value:f}")
+    if grad_weight is not None:
+        say("gradWeight output (first 10 elements):")
+        for i, value in enumerate(report["grad_weight_first"]):
+            say(f"gradWeight[{i}] = {value:f}")
+
+    status = EXIT_OK
+    if not args.no_check:
+        golden_x, golden_w = reference.swiglu_group_quant_grad(**call_args)
+        departures = reference.device_departures(inputs["x"], inputs["clamp_limit"], inputs["group_index"])
+        check_x = reference.compare(grad_x, golden_x, departures=departures)
+        report["check"] = {"grad_x": check_x.to_dict()}
+        say(f"check gradX against acl_swiglu.reference: {check_x}")
+        passed = check_x.passed
+        if grad_weight is not None:
+            check_w = reference.compare(grad_weight, golden_w)
+            report["check"]["grad_weight"] = check_w.to_dict()
+            say(f"check gradWeight against acl_swiglu.reference: {check_w}")
+            passed = passed and check_w.passed
+        report["check"]["passed"] = passed
+        say(f"verdict: {'PASS' if passed else 'FAIL'}")
+        status = EXIT_OK if passed else EXIT_CHECK_FAILED
+
+    if args.repeat:
+        timing = time_phases(inputs, args.repeat, progress=not args.json and sys.stderr.isatty())
+        report["timing"] = timing
+        say(f"timing over {args.repeat} runs (microseconds, min / median):")
+        for key, label in (("phase1", "phase 1"), ("phase2_sync", "phase 2 + synchronize"),
+                           ("plan_sync", "plan call + synchronize")):
+            say(f"  {label:<24} {timing[key]['min_us']:10.1f} / {timing[key]['median_us']:10.1f}")
+
+    report["ok"] = status == EXIT_OK
+    report["exit_status"] = status
+    if args.json:
+        print(json.dumps(report, indent=2, default=float))
+    return status
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from .errors import AclError, AclSwigluError, ArgumentError, ConfigurationError, LibraryNotFoundError
+
+    try:
+        return run(args)
+    except (ArgumentError, ConfigurationError) as exc:
+        parser.print_usage(sys.stderr)
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except AclError as exc:
+        print(f"{parser.prog}: ACL error: {exc.api} failed with {exc.name} ({exc.code})", file=sys.stderr)
+        if exc.message:
+            print(f"  {exc.message}", file=sys.stderr)
+        if args.json:
+            print(json.dumps({"ok": False, "exit_status": EXIT_ACL,
+                              "error": {"kind": "acl", "api": exc.api, "code": exc.code, "name": exc.name,
+                                        "message": exc.message}}, indent=2))
+        return EXIT_ACL
+    except (LibraryNotFoundError, AclSwigluError) as exc:
+        print(f"{parser.prog}: {exc}", file=sys.stderr)
+        if args.json:
+            print(json.dumps({"ok": False, "exit_status": EXIT_ACL,
+                              "error": {"kind": type(exc).__name__, "message": str(exc)}}, indent=2))
+        return EXIT_ACL
