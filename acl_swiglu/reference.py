@@ -1,0 +1,433 @@
+"""Float64 reference for aclnnSwigluGroupQuantGrad and a verdict for comparing results.
+
+The functions here implement the documented math of SPEC section 1 (NumPy only), not the
+device's fp32 formula: sigmoid is the mathematical 1/(1+exp(-x)), computed stably. Where the
+device formula departs from the math (NaN for x0 >= 88.72 without clamp) `device_departures`
+tells which positions, so that `compare` can report them instead of failing on them.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import asdict, dataclass
+
+import ml_dtypes
+import numpy as np
+
+__all__ = [
+    "EXP_OVERFLOW_X",
+    "TOLERANCES",
+    "Comparison",
+    "compare",
+    "device_departures",
+    "swiglu",
+    "swiglu_group_quant_grad",
+]
+
+_BF16 = np.dtype(ml_dtypes.bfloat16)
+_F16 = np.dtype(np.float16)
+_F32 = np.dtype(np.float32)
+_F64 = np.dtype(np.float64)
+_DATA_DTYPES = (_F32, _F16, _BF16)
+_MAX_RANK = 8
+
+#: float32(88.72284): from here on the device's fp32 exp is +inf and its sigmoid e/(e+1) is NaN.
+EXP_OVERFLOW_X = 88.72283935546875
+
+# Elements of x (2H per row) handled per chunk: the float64 temporaries stay cache-sized
+# (about half a MB each) whatever the input size, so memory is the outputs plus a constant.
+_CHUNK_ELEMENTS = 1 << 16
+
+#: dtype name -> (tol, allowed failing fraction, MERE threshold Th); MARE is judged against 10*Th.
+TOLERANCES = {
+    "float32": (1e-4, 1e-4, 2.0 ** -13),
+    "float16": (1e-3, 1e-3, 2.0 ** -10),
+    "bfloat16": (4e-3, 1e-3, 2.0 ** -7),
+}
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _dtype_name(dt: np.dtype) -> str:
+    return "bfloat16" if dt == _BF16 else dt.name
+
+
+def _check_data(name: str, arr, allow_f64: bool = False) -> np.ndarray:
+    if not isinstance(arr, np.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray, got {type(arr).__name__}")
+    allowed = _DATA_DTYPES + ((_F64,) if allow_f64 else ())
+    if arr.dtype not in allowed:
+        names = ", ".join(_dtype_name(d) for d in allowed)
+        raise TypeError(f"{name} must have dtype {names}; got {arr.dtype}")
+    return arr
+
+
+def _check_clamp(clamp_limit) -> np.float32 | None:
+    """None when clamp is off, else the fp32 limit the operator uses."""
+    if clamp_limit is None:
+        return None
+    if isinstance(clamp_limit, (bool, np.bool_)) or not isinstance(clamp_limit, numbers.Real):
+        raise TypeError(f"clamp_limit must be None or a real number, got {type(clamp_limit).__name__}")
+    value = float(clamp_limit)
+    if not math.isfinite(value) or value <= 0.0:
+        raise ValueError(f"clamp_limit must be None (off) or a finite number > 0, got {value!r}")
+    # The C ABI takes a double but the kernel compares and clamps with (float)clampLimit.
+    with np.errstate(over="ignore", under="ignore"):
+        return np.float32(value)
+
+
+def _check_x(x, allow_f64: bool = False) -> tuple[int, int]:
+    """Validate x alone; return (T, H)."""
+    _check_data("x", x, allow_f64)
+    if not 1 <= x.ndim <= _MAX_RANK:
+        raise ValueError(f"x must have rank 1..{_MAX_RANK}, got shape {x.shape}")
+    if x.shape[-1] % 2:
+        raise ValueError(f"x's last dimension must be even (2H), got shape {x.shape}")
+    return math.prod(x.shape[:-1]), x.shape[-1] // 2
+
+
+def _trunc(group_index, rows: int) -> int:
+    if group_index is None:
+        return rows
+    gi = np.asarray(group_index)
+    if gi.dtype == np.bool_ or not np.issubdtype(gi.dtype, np.integer):
+        raise TypeError(f"group_index must have an integer dtype (int64), got {gi.dtype}")
+    if gi.ndim != 1:
+        raise ValueError(f"group_index must be 1-D [G], got shape {gi.shape}")
+    # The operator casts each count to uint32 and sums in uint32: negatives and sums >= 2**32 wrap.
+    total = int(np.sum(gi.astype(np.uint32), dtype=np.uint32)) if gi.size else 0
+    return min(total, rows)
+
+
+def _chunk_rows(width: int) -> int:
+    return max(1, _CHUNK_ELEMENTS // max(1, width))
+
+
+def _widen(a: np.ndarray) -> np.ndarray:
+    # fp16/bf16/fp32 -> float64 is exact.
+    return a.astype(np.float64)
+
+
+# ----------------------------------------------------------------------------- the math
+
+
+def _sigmoid_pair(x0: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(sigmoid(x0), 1 - sigmoid(x0)) without overflow and without cancellation in 1 - s."""
+    e = np.exp(-np.abs(x0))  # in (0, 1]; NaN stays NaN
+    d = 1.0 + e
+    pos = x0 >= 0
+    s = np.where(pos, 1.0, e)
+    s /= d
+    sn = np.where(pos, e, 1.0)
+    sn /= d
+    return s, sn
+
+
+def _clamped(x0: np.ndarray, x1: np.ndarray, c: np.float32 | None):
+    if c is None:
+        return x0, x1
+    cf = float(c)
+    # np.minimum / np.maximum propagate NaN, as the operator's clamp does.
+    return np.minimum(x0, cf), np.minimum(np.maximum(x1, -cf), cf)
+
+
+def swiglu_group_quant_grad(grad_y, x, weight=None, y_origin=None, group_index=None, clamp_limit=None):
+    """Float64 gradients of SwiGLU with optional MoE weight, clamp and group truncation.
+
+    Returns ``(grad_x, grad_weight)``: grad_x float64 with x's shape, grad_weight float64 with
+    weight's shape (None without weight). Rows t >= trunc are +0.0 in both.
+    """
+    _check_data("grad_y", grad_y)
+    rows, h = _check_x(x)
+    if grad_y.dtype != x.dtype:
+        raise TypeError(f"grad_y and x must have the same dtype, got {grad_y.dtype} and {x.dtype}")
+    if grad_y.ndim != x.ndim or grad_y.shape[:-1] != x.shape[:-1] or grad_y.shape[-1] != h:
+        raise ValueError(
+            f"grad_y must have shape [..., H] matching x [..., 2H]; got grad_y {grad_y.shape}, x {x.shape}"
+        )
+    if weight is not None:
+        if not isinstance(weight, np.ndarray):
+            raise TypeError(f"weight must be a numpy.ndarray, got {type(weight).__name__}")
+        if weight.dtype != _F32:
+            raise TypeError(f"weight must have dtype float32, got {weight.dtype}")
+        if weight.size != rows:
+            raise ValueError(f"weight must have T = {rows} elements, got shape {weight.shape}")
+        if y_origin is None:
+            raise ValueError("y_origin is required when weight is given")
+    if y_origin is not None:
+        # Without weight, y_origin is validated but plays no part.
+        _check_data("y_origin", y_origin)
+        if y_origin.dtype != grad_y.dtype:
+            raise TypeError(f"y_origin must have grad_y's dtype {grad_y.dtype}, got {y_origin.dtype}")
+        if y_origin.shape != grad_y.shape:
+            raise ValueError(f"y_origin must have grad_y's shape {grad_y.shape}, got {y_origin.shape}")
+    c = _check_clamp(clamp_limit)
+    trunc = _trunc(group_index, rows)
+
+    grad_x = np.zeros(x.shape, dtype=np.float64)
+    gx2 = grad_x.reshape(rows, 2 * h)
+    grad_w = None
+    if weight is not None:
+        grad_w = np.zeros(weight.shape, dtype=np.float64)
+        gw1 = grad_w.reshape(rows)
+        w1 = weight.reshape(rows)
+        yo2 = y_origin.reshape(rows, h)
+    gy2 = grad_y.reshape(rows, h)
+    x2 = x.reshape(rows, 2 * h)
+
+    step = _chunk_rows(2 * h)
+    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
+        for r0 in range(0, trunc, step):
+            r1 = min(trunc, r0 + step)
+            gy = _widen(gy2[r0:r1])
+            if weight is not None:
+                # Raw grad_y, before weighting and without clamp mask.
+                np.einsum("ij,ij->i", gy, _widen(yo2[r0:r1]), out=gw1[r0:r1])
+                gy *= w1[r0:r1, None].astype(np.float64)
+            x0o = _widen(x2[r0:r1, :h])
+            x1o = _widen(x2[r0:r1, h:])
+            x0, x1 = _clamped(x0o, x1o, c)
+            s, sn = _sigmoid_pair(x0)
+            silu = x0 * s
+            # dsilu = s * (1 + x0 * (1 - s))
+            sn *= x0
+            sn += 1.0
+            sn *= s
+            del s
+            out0 = gx2[r0:r1, :h]
+            out1 = gx2[r0:r1, h:]
+            np.multiply(gy, x1, out=out0)
+            out0 *= sn
+            np.multiply(gy, silu, out=out1)
+            del sn, silu
+            if c is not None:
+                cf = float(c)
+                # Strict comparisons on the original values, applied by multiplication so a
+                # masked negative is -0.0 and a masked NaN stays NaN.
+                out0 *= (x0o < cf)
+                out1 *= (x1o > -cf) & (x1o < cf)
+    return grad_x, grad_w
+
+
+def swiglu(x, clamp_limit=None):
+    """Float64 forward: silu(x0) * x1 with x0 = x[..., :H], x1 = x[..., H:], clamped when on.
+
+    With clamp: x0 = min(x0, c), x1 = clip(x1, -c, c). Returns shape [..., H].
+    """
+    rows, h = _check_x(x, allow_f64=True)
+    c = _check_clamp(clamp_limit)
+    y = np.empty(x.shape[:-1] + (h,), dtype=np.float64)
+    y2 = y.reshape(rows, h)
+    x2 = x.reshape(rows, 2 * h)
+    step = _chunk_rows(2 * h)
+    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
+        for r0 in range(0, rows, step):
+            r1 = min(rows, r0 + step)
+            x0, x1 = _clamped(_widen(x2[r0:r1, :h]), _widen(x2[r0:r1, h:]), c)
+            s, _ = _sigmoid_pair(x0)
+            np.multiply(x0, s, out=y2[r0:r1])
+            y2[r0:r1] *= x1
+    return y
+
+
+def device_departures(x, clamp_limit=None, group_index=None):
+    """Bool mask (x's shape) of grad_x positions where the device gives NaN but the math need not.
+
+    A row t < trunc whose (clamped) x0[h] >= 88.72283935546875 makes the device's fp32 exp
+    overflow (s = inf/inf); both column h and column H + h are marked. NaN inputs are not marked.
+    """
+    rows, h = _check_x(x, allow_f64=True)
+    c = _check_clamp(clamp_limit)
+    trunc = _trunc(group_index, rows)
+    mask = np.zeros(x.shape, dtype=bool)
+    m2 = mask.reshape(rows, 2 * h)
+    x2 = x.reshape(rows, 2 * h)
+    step = _chunk_rows(2 * h)
+    for r0 in range(0, trunc, step):
+        r1 = min(trunc, r0 + step)
+        x0 = _widen(x2[r0:r1, :h])
+        if c is not None:
+            x0 = np.minimum(x0, float(c))
+        hit = x0 >= EXP_OVERFLOW_X
+        m2[r0:r1, :h] = hit
+        m2[r0:r1, h:] = hit
+    return mask
+
+
+# ----------------------------------------------------------------------------- the verdict
+
+
+@dataclass
+class Comparison:
+    """Verdict and figures of one output against the float64 reference (SPEC section 5)."""
+
+    passed: bool
+    dtype: str
+    count: int
+    failures: int
+    fail_fraction: float
+    allowed_fraction: float
+    tol: float
+    max_abs_error: float
+    mere: float
+    mare: float
+    mere_ok: bool
+    mare_ok: bool
+    threshold: float
+    nan_mismatch: int
+    inf_mismatch: int
+    departures: int
+    departures_nan: int
+    worst_index: tuple[int, ...] | None
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def __str__(self) -> str:
+        head = (
+            f"{'PASS' if self.passed else 'FAIL'} {self.dtype}: {self.failures}/{self.count} failing "
+            f"({self.fail_fraction:.3g} vs allowed {self.allowed_fraction:.3g}, tol {self.tol:g}), "
+            f"max abs error {self.max_abs_error:.3g}"
+        )
+        if self.worst_index is not None:
+            head += f" at {self.worst_index}"
+        tail = (
+            f"  MERE {self.mere:.3g} {'<' if self.mere_ok else '>='} {self.threshold:.3g}, "
+            f"MARE {self.mare:.3g} {'<' if self.mare_ok else '>='} {10 * self.threshold:.3g} (information); "
+            f"NaN mismatches {self.nan_mismatch}, inf mismatches {self.inf_mismatch}; "
+            f"device departures {self.departures} excluded ({self.departures_nan} NaN in actual)"
+        )
+        return head + "\n" + tail
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["worst_index"] = None if self.worst_index is None else [int(i) for i in self.worst_index]
+        return d
+
+
+def _resolve_out_dtype(dtype, actual: np.ndarray) -> np.dtype:
+    dt = actual.dtype if dtype is None else np.dtype(dtype)
+    if dt not in _DATA_DTYPES:
+        raise TypeError(f"dtype must be float32, float16 or bfloat16, got {dt}")
+    return dt
+
+
+def _classes(v: np.ndarray) -> np.ndarray:
+    """0 finite, 1 NaN, 2 +inf, 3 -inf."""
+    cls = np.zeros(v.shape, dtype=np.int8)
+    cls[np.isnan(v)] = 1
+    cls[v == np.inf] = 2
+    cls[v == -np.inf] = 3
+    return cls
+
+
+def compare(actual, golden, dtype=None, departures=None) -> Comparison:
+    """Judge ``actual`` against the float64 ``golden`` per SPEC section 5.
+
+    ``dtype`` is the output dtype (default ``actual.dtype``); the golden rounded to it decides
+    which positions must be NaN or +-inf. ``departures`` (bool mask) excludes positions where
+    the device formula departs from the math; they are counted, not judged.
+    """
+    if not isinstance(actual, np.ndarray):
+        raise TypeError(f"actual must be a numpy.ndarray, got {type(actual).__name__}")
+    golden = np.asarray(golden)
+    if golden.dtype.kind != "f" and golden.dtype != _BF16:
+        raise TypeError(f"golden must be a floating-point array, got {golden.dtype}")
+    if actual.dtype.kind != "f" and actual.dtype != _BF16:
+        raise TypeError(f"actual must be a floating-point array, got {actual.dtype}")
+    if actual.shape != golden.shape:
+        raise ValueError(f"actual and golden shapes differ: {actual.shape} vs {golden.shape}")
+    out_dt = _resolve_out_dtype(dtype, actual)
+    name = _dtype_name(out_dt)
+    tol, allowed, th = TOLERANCES[name]
+
+    a_flat = actual.reshape(-1)
+    g_flat = golden.reshape(-1)
+    if departures is not None:
+        departures = np.asarray(departures)
+        if departures.dtype != np.bool_:
+            raise TypeError(f"departures must be a bool mask, got {departures.dtype}")
+        if departures.shape != actual.shape:
+            raise ValueError(f"departures must have shape {actual.shape}, got {departures.shape}")
+        d_flat = departures.reshape(-1)
+
+    count = failures = nan_mm = inf_mm = n_dep = n_dep_nan = 0
+    n_finite = 0
+    rel_sum = 0.0
+    mare = 0.0
+    max_abs = 0.0
+    worst_score = -1.0
+    worst_flat = None
+    first_mismatch = None
+
+    step = 1 << 20
+    with np.errstate(invalid="ignore", over="ignore", under="ignore", divide="ignore"):
+        for i0 in range(0, a_flat.size, step):
+            i1 = min(a_flat.size, i0 + step)
+            a = a_flat[i0:i1].astype(np.float64)
+            g = g_flat[i0:i1].astype(np.float64)
+            gc = g.astype(out_dt).astype(np.float64)
+            if departures is not None:
+                dep = d_flat[i0:i1]
+                n_dep += int(np.count_nonzero(dep))
+                n_dep_nan += int(np.count_nonzero(dep & np.isnan(a)))
+                keep = ~dep
+            else:
+                keep = np.ones(a.shape, dtype=bool)
+            count += int(np.count_nonzero(keep))
+
+            ca, cg = _classes(a), _classes(gc)
+            mism = keep & (ca != cg)
+            nan_m = mism & ((ca == 1) | (cg == 1))
+            inf_m = mism & ~nan_m
+            nan_mm += int(np.count_nonzero(nan_m))
+            inf_mm += int(np.count_nonzero(inf_m))
+            if first_mismatch is None and mism.any():
+                first_mismatch = i0 + int(np.flatnonzero(mism)[0])
+
+            both = keep & (ca == 0) & (cg == 0)
+            af, gf = a[both], g[both]
+            err = np.abs(af - gf)
+            bound = tol + tol * np.abs(gf)
+            failures += int(np.count_nonzero(err > bound)) + int(np.count_nonzero(mism))
+            if err.size:
+                n_finite += err.size
+                rel = err / (np.abs(gf) + 1e-7)
+                rel_sum += float(np.sum(rel))
+                mare = max(mare, float(np.max(rel)))
+                max_abs = max(max_abs, float(np.max(err)))
+                score = err / bound
+                k = int(np.argmax(score))
+                if float(score[k]) > worst_score:
+                    worst_score = float(score[k])
+                    worst_flat = i0 + int(np.flatnonzero(both)[k])
+
+    mere = rel_sum / n_finite if n_finite else 0.0
+    fail_fraction = failures / count if count else 0.0
+    passed = nan_mm == 0 and inf_mm == 0 and fail_fraction <= allowed
+    where = first_mismatch if first_mismatch is not None else worst_flat
+    worst_index = None
+    if where is not None:
+        worst_index = tuple(int(i) for i in np.unravel_index(where, actual.shape))
+    return Comparison(
+        passed=bool(passed),
+        dtype=name,
+        count=count,
+        failures=failures,
+        fail_fraction=float(fail_fraction),
+        allowed_fraction=float(allowed),
+        tol=float(tol),
+        max_abs_error=float(max_abs),
+        mere=float(mere),
+        mare=float(mare),
+        mere_ok=bool(mere < th),
+        mare_ok=bool(mare < 10 * th),
+        threshold=float(th),
+        nan_mismatch=nan_mm,
+        inf_mismatch=inf_mm,
+        departures=n_dep,
+        departures_nan=n_dep_nan,
+        worst_index=worst_index,
+    )
