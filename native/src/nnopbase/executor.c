@@ -119,8 +119,13 @@ static aclnnStatus set_slot_addr(const char *api, const char *side, aclOpExecuto
                          "executor is not repeatable; call aclSetAclOpExecutorRepeatable right "
                          "after phase 1 to refresh addresses");
     }
-    size_t count = is_input ? executor->input_count : executor->output_count;
-    aclEmuSlot *slots = is_input ? executor->inputs : executor->outputs;
+    /* Read the executor only once it is known to be live (a dead one was freed). */
+    size_t count = 0;
+    aclEmuSlot *slots = NULL;
+    if (rc == 0) {
+        count = is_input ? executor->input_count : executor->output_count;
+        slots = is_input ? executor->inputs : executor->outputs;
+    }
     if (rc == 0 && index >= count) {
         rc = aclEmu_fail(ACLNN_ERR_PARAM_INVALID, api,
                          "index %zu is out of range: %s has %zu %s tensor(s) (0..%zu)", index,

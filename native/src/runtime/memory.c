@@ -281,6 +281,10 @@ void aclEmu_mem_release_all(void)
     }
     allocation_count = 0;
     bytes_in_use = 0;
+    /* The list itself too, so that unloading the library after aclFinalize leaks nothing. */
+    free(allocations);
+    allocations = NULL;
+    allocation_capacity = 0;
     pthread_mutex_unlock(&memory_lock);
 }
 
@@ -311,12 +315,14 @@ static const char *memcpy_kind_name(int kind)
     }
 }
 
-/* One side of a copy must be device memory (want_device) or host memory; checks it. */
+/* One side of a copy must be device memory (want_device) or host memory; checks it and
+ * records in *is_device whether it is device memory now. */
 static int check_side(const char *api, const char *side, const void *ptr, size_t count,
-                      int want_device, int kind)
+                      int want_device, int kind, int *is_device)
 {
     aclEmuRegion region = {0, 0, 0};
     aclEmuRangeClass cls = aclEmu_mem_classify(ptr, count, &region);
+    *is_device = cls == EMU_RANGE_DEVICE;
     if (cls == EMU_RANGE_STRADDLES) {
         return aclEmu_fail(ACL_ERROR_INVALID_PARAM, api,
                            "%s range [%p, +%zu) runs past the end of device allocation %p of "
@@ -341,9 +347,13 @@ static int check_side(const char *api, const char *side, const void *ptr, size_t
     return 0;
 }
 
+/* Checks a copy; fills which sides are device memory, so that the copy can insist on it
+ * when it runs (a side freed meanwhile must fail, not be written as if it were host memory). */
 static int check_copy(const char *api, void *dst, size_t destMax, const void *src, size_t count,
-                      aclrtMemcpyKind kind)
+                      aclrtMemcpyKind kind, int *dst_is_device, int *src_is_device)
 {
+    *dst_is_device = 0;
+    *src_is_device = 0;
     if (dst == NULL || src == NULL) {
         return aclEmu_fail(ACL_ERROR_INVALID_PARAM, api, "%s is NULL", dst == NULL ? "dst" : "src");
     }
@@ -365,21 +375,23 @@ static int check_copy(const char *api, void *dst, size_t destMax, const void *sr
     if (count == 0) {
         return 0;
     }
-    int rc = check_side(api, "dst", dst, count, dst_device, kind);
-    if (rc == 0) rc = check_side(api, "src", src, count, src_device, kind);
+    int rc = check_side(api, "dst", dst, count, dst_device, kind, dst_is_device);
+    if (rc == 0) rc = check_side(api, "src", src, count, src_device, kind, src_is_device);
     return rc;
 }
 
-/* Copies with the device sides pinned; fails if one was freed since it was checked. */
-static int pinned_copy(const char *api, void *dst, const void *src, size_t count)
+/* Copies with the device sides (as classified when the copy was checked) pinned; fails if
+ * one of them was freed since. */
+static int pinned_copy(const char *api, void *dst, const void *src, size_t count,
+                       int dst_is_device, int src_is_device)
 {
     const void *ptrs[2];
     size_t lens[2];
     size_t n = 0;
-    if (aclEmu_mem_classify(dst, count, NULL) == EMU_RANGE_DEVICE) {
+    if (dst_is_device) {
         ptrs[n] = dst; lens[n] = count; n++;
     }
-    if (aclEmu_mem_classify(src, count, NULL) == EMU_RANGE_DEVICE) {
+    if (src_is_device) {
         ptrs[n] = src; lens[n] = count; n++;
     }
     if (aclEmu_mem_pin(ptrs, lens, n) != 0) {
@@ -395,13 +407,16 @@ EMU_EXPORT aclError aclrtMemcpy(void *dst, size_t destMax, const void *src, size
                                 aclrtMemcpyKind kind)
 {
     static const char api[] = "aclrtMemcpy";
+    int dst_is_device = 0, src_is_device = 0;
     int rc = aclEmu_fault(api);
     if (rc == 0) rc = aclEmu_require_device(api);
-    if (rc == 0) rc = check_copy(api, dst, destMax, src, count, kind);
+    if (rc == 0) {
+        rc = check_copy(api, dst, destMax, src, count, kind, &dst_is_device, &src_is_device);
+    }
     if (rc != 0 || count == 0) return rc;
     /* Synchronous for the host, but it does not wait for queued stream work: reading results
      * that were not synchronised gives what the memory held before. */
-    return pinned_copy(api, dst, src, count);
+    return pinned_copy(api, dst, src, count, dst_is_device, src_is_device);
 }
 
 typedef struct {
@@ -409,12 +424,15 @@ typedef struct {
     void *dst;
     const void *src;
     size_t count;
+    int dst_is_device;
+    int src_is_device;
 } copy_task;
 
 static int run_copy(aclEmuTask *task)
 {
     copy_task *copy = (copy_task *)task;
-    return pinned_copy("aclrtMemcpyAsync", copy->dst, copy->src, copy->count);
+    return pinned_copy("aclrtMemcpyAsync", copy->dst, copy->src, copy->count, copy->dst_is_device,
+                       copy->src_is_device);
 }
 
 static void release_copy(aclEmuTask *task) { free(task); }
@@ -423,15 +441,22 @@ EMU_EXPORT aclError aclrtMemcpyAsync(void *dst, size_t destMax, const void *src,
                                      aclrtMemcpyKind kind, aclrtStream stream)
 {
     static const char api[] = "aclrtMemcpyAsync";
+    int dst_is_device = 0, src_is_device = 0;
     int rc = aclEmu_fault(api);
     if (rc == 0) rc = aclEmu_require_device(api);
-    if (rc == 0) rc = check_copy(api, dst, destMax, src, count, kind);
+    if (rc == 0) {
+        rc = check_copy(api, dst, destMax, src, count, kind, &dst_is_device, &src_is_device);
+    }
     if (rc != 0) return rc;
     void *resolved = aclEmu_stream_resolve(stream, api, &rc);
     if (resolved == NULL) return rc;
-    if (count == 0) return ACL_SUCCESS;
+    if (count == 0) {
+        aclEmu_stream_unref(resolved);   /* nothing to queue: drop the reference resolve took */
+        return ACL_SUCCESS;
+    }
     copy_task *copy = calloc(1, sizeof *copy);
     if (copy == NULL) {
+        aclEmu_stream_unref(resolved);
         return aclEmu_fail(ACL_ERROR_BAD_ALLOC, api, "out of host memory queueing the copy");
     }
     copy->task.run = run_copy;
@@ -439,6 +464,8 @@ EMU_EXPORT aclError aclrtMemcpyAsync(void *dst, size_t destMax, const void *src,
     copy->dst = dst;
     copy->src = src;
     copy->count = count;
+    copy->dst_is_device = dst_is_device;
+    copy->src_is_device = src_is_device;
     aclEmu_stream_enqueue(resolved, &copy->task);
     return ACL_SUCCESS;
 }

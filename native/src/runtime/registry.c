@@ -46,6 +46,11 @@ const char *aclEmu_kind_name(aclEmuHandleKind kind)
     return kind_names[kind];
 }
 
+static const char *article(const char *noun)
+{
+    return strchr("aeiouAEIOU", noun[0]) != NULL ? "an" : "a";
+}
+
 static size_t hash_pointer(uintptr_t key)
 {
     uint64_t h = (uint64_t)key;
@@ -169,8 +174,9 @@ void aclEmu_handle_describe(aclEmuHandleKind kind, const void *handle, char *buf
     pthread_mutex_lock(&registry_lock);
     registry_slot *slot = key > TOMBSTONE ? find_slot(key) : NULL;
     if (slot != NULL) {
-        snprintf(buf, size, "%p is a live %s, not an %s", handle, aclEmu_kind_name(slot->kind),
-                 wanted);
+        const char *actual = aclEmu_kind_name(slot->kind);
+        snprintf(buf, size, "%p is %s live %s, not %s %s", handle, article(actual), actual,
+                 article(wanted), wanted);
         pthread_mutex_unlock(&registry_lock);
         return;
     }
@@ -178,14 +184,15 @@ void aclEmu_handle_describe(aclEmuHandleKind kind, const void *handle, char *buf
     for (size_t n = 0; n < GRAVEYARD_SIZE; n++) {
         const grave *g = &graveyard[(graveyard_next + GRAVEYARD_SIZE - 1 - n) % GRAVEYARD_SIZE];
         if (g->key == key && g->reason != NULL) {
-            snprintf(buf, size, "%p is a %s that was already %s", handle,
-                     aclEmu_kind_name(g->kind), g->reason);
+            const char *kind = aclEmu_kind_name(g->kind);
+            snprintf(buf, size, "%p is %s %s that was already %s", handle, article(kind), kind,
+                     g->reason);
             pthread_mutex_unlock(&registry_lock);
             return;
         }
     }
     pthread_mutex_unlock(&registry_lock);
-    snprintf(buf, size, "%p is not an %s made by this library", handle, wanted);
+    snprintf(buf, size, "%p is not %s %s made by this library", handle, article(wanted), wanted);
 }
 
 int64_t aclEmu_live_count(aclEmuHandleKind kind)
@@ -204,6 +211,25 @@ void aclEmu_report_live_handles(FILE *out)
             fprintf(out, "  leaked %s %p\n", aclEmu_kind_name(slots[i].kind),
                     (void *)slots[i].key);
         }
+    }
+    pthread_mutex_unlock(&registry_lock);
+}
+
+/* At unload (dlclose, or exit): release the table when no handle is live, so that unloading the
+ * library leaks nothing. With live handles it stays: they are the caller's leak, and another
+ * thread may still be using them while the process exits. */
+__attribute__((destructor)) static void registry_unload(void)
+{
+    pthread_mutex_lock(&registry_lock);
+    int64_t live = 0;
+    for (int k = 0; k < ACL_EMU_KIND_COUNT; k++) {
+        live += live_by_kind[k];
+    }
+    if (live == 0) {
+        free(slots);
+        slots = NULL;
+        slot_capacity = 0;
+        slot_used = 0;
     }
     pthread_mutex_unlock(&registry_lock);
 }
