@@ -110,33 +110,30 @@ def _root_lib_dirs(root: str) -> List[str]:
     return [os.path.join(root, "lib64"), os.path.join(root, f"{arch}-linux", "lib64")]
 
 
-def cann_search_dirs(environ=os.environ) -> Tuple[List[str], List[str]]:
-    """Library directories to search, in order, and the CANN roots they came from.
+def cann_roots(environ=os.environ) -> List[Tuple[str, List[str]]]:
+    """The CANN roots to try, in order, each with its library directories.
 
-    A root counts as "found" when a variable names it or a default root exists.
+    A root is configured by ACL_SWIGLU_LIB_DIR (a lib directory or a root), ASCEND_HOME_PATH,
+    ASCEND_TOOLKIT_HOME, or is a default root that exists.
     """
-    dirs: List[str] = []
-    roots: List[str] = []
+    roots: List[Tuple[str, List[str]]] = []
     override = environ.get(ENV_LIB_DIR)
     if override:
-        roots.append(override)
-        # The override may name a lib directory or a CANN root.
-        dirs.append(override)
-        dirs.extend(_root_lib_dirs(override))
+        roots.append((override, [override] + _root_lib_dirs(override)))
     for var in ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME"):
         root = environ.get(var)
         if root:
-            roots.append(root)
-            dirs.extend(_root_lib_dirs(root))
+            roots.append((root, _root_lib_dirs(root)))
     for root in DEFAULT_ROOTS:
         if os.path.isdir(root):
-            roots.append(root)
-            dirs.extend(_root_lib_dirs(root))
-    unique: List[str] = []
-    for d in dirs:
-        if d not in unique:
-            unique.append(d)
-    return unique, roots
+            roots.append((root, _root_lib_dirs(root)))
+    seen = set()
+    unique = []
+    for root, dirs in roots:
+        if root not in seen:
+            seen.add(root)
+            unique.append((root, dirs))
+    return unique
 
 
 def custom_operator_dirs(environ=os.environ) -> List[str]:
@@ -192,47 +189,51 @@ def _emulator_version(runtime: ctypes.CDLL) -> Optional[str]:
     return fn().decode()
 
 
-def _load_from_dirs(dirs: List[str], requested: str, root: Optional[str]) -> Libraries:
-    searched: List[str] = []
+def _load_root(root: str, dirs: List[str], requested: str, searched: List[str],
+               custom_operators: bool = True) -> Libraries:
+    """Loads runtime, meta and operator libraries, all from one root (plus custom operators)."""
     runtime_path = _first_existing(RUNTIME_NAMES, dirs, searched)
     meta_path = _first_existing((META_NAME,), dirs, searched)
     missing = [n for n, p in (("/".join(RUNTIME_NAMES), runtime_path), (META_NAME, meta_path)) if p is None]
     if missing:
         raise LibraryNotFoundError(
-            f"CANN libraries not found: no {' and no '.join(missing)} in any of:\n  "
-            + "\n  ".join(dirs or ["(no directories: no CANN root is configured)"])
-            + f"\n{_FIX}"
+            f"CANN libraries not found under {root}: no {' and no '.join(missing)} in any of:\n  "
+            + "\n  ".join(dirs) + f"\n{_FIX}"
         )
-    try:
-        runtime = _open(runtime_path)
-        meta = _open(meta_path)
-    except OSError as exc:
-        raise LibraryNotFoundError(f"cannot load the CANN runtime from {runtime_path}: {exc}\n{_FIX}") from exc
+    for what, path in (("runtime", runtime_path), ("meta API", meta_path)):
+        try:
+            library = _open(path)
+        except OSError as exc:
+            raise LibraryNotFoundError(f"cannot load the CANN {what} library {path}: {exc}\n{_FIX}") from exc
+        if what == "runtime":
+            runtime = library
+        else:
+            meta = library
 
-    candidates = [os.path.join(d, CUSTOM_OPERATOR_NAME) for d in custom_operator_dirs()]
+    candidates = [os.path.join(d, CUSTOM_OPERATOR_NAME) for d in custom_operator_dirs()] if custom_operators else []
     candidates += [os.path.join(d, name) for name in OPERATOR_NAMES for d in dirs]
-    tried: List[str] = []
+    checked: List[str] = []
     operator = operator_path = None
     for path in candidates:
         searched.append(path)
         if not os.path.isfile(path):
+            checked.append(f"{path} (absent)")
             continue
         try:
             lib = _open(path)
         except OSError as exc:
-            tried.append(f"{path} (cannot load: {exc})")
+            checked.append(f"{path} (cannot load: {exc})")
             continue
         if hasattr(lib, OPERATOR_SYMBOL):
             operator, operator_path = lib, path
             break
-        tried.append(f"{path} (does not export {OPERATOR_SYMBOL})")
+        checked.append(f"{path} (does not export {OPERATOR_SYMBOL})")
     if operator is None:
         raise LibraryNotFoundError(
-            f"the CANN install at {root or dirs[0]} does not provide {OPERATOR_SYMBOL}. "
+            f"the CANN install at {root} does not provide {OPERATOR_SYMBOL}. "
             "aclnnSwigluGroupQuantGrad exists only for Ascend 950PR/950DT, in a CANN (or a custom "
             "operator package, ASCEND_CUSTOM_OPP_PATH) that ships it.\nChecked:\n  "
-            + "\n  ".join(tried or ["(no operator library found)"])
-            + f"\n{_FIX}"
+            + "\n  ".join(checked) + f"\n{_FIX}"
         )
     version = _emulator_version(runtime)
     info = BackendInfo(
@@ -246,6 +247,41 @@ def _load_from_dirs(dirs: List[str], requested: str, root: Optional[str]) -> Lib
         emulator_version=version,
     )
     return Libraries(runtime, meta, operator, info)
+
+
+def _load_cann(roots: List[Tuple[str, List[str]]], requested: str) -> Libraries:
+    """The first configured root that holds a runtime library provides every library."""
+    searched: List[str] = []
+    for root, dirs in roots:
+        probe: List[str] = []
+        if _first_existing(RUNTIME_NAMES, dirs, probe) is not None:
+            return _load_root(root, dirs, requested, searched)
+        searched.extend(probe)
+    raise LibraryNotFoundError(
+        "CANN libraries not found: no " + " or ".join(RUNTIME_NAMES) + " in any configured root. Searched:\n  "
+        + "\n  ".join(searched) + f"\n{_FIX}"
+    )
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+
+def _path_of(library: ctypes.CDLL, symbol: str, fallback: str) -> str:
+    """The file a library opened by name was loaded from (dladdr on one of its symbols)."""
+    try:
+        libc = ctypes.CDLL(None)
+        dladdr = libc.dladdr
+        dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
+        dladdr.restype = ctypes.c_int
+        info = _DlInfo()
+        address = ctypes.cast(getattr(library, symbol), ctypes.c_void_p)
+        if dladdr(address, ctypes.byref(info)) and info.dli_fname:
+            return os.path.realpath(info.dli_fname.decode())
+    except (AttributeError, OSError):
+        pass
+    return fallback
 
 
 def _load_system(requested: str) -> Optional[Libraries]:
@@ -270,8 +306,9 @@ def _load_system(requested: str) -> Optional[Libraries]:
             continue
         if hasattr(lib, OPERATOR_SYMBOL):
             version = _emulator_version(runtime)
-            info = BackendInfo("emulator" if version else "cann", requested, None, runtime_path, META_NAME, name,
-                               (runtime_path, META_NAME, name), version)
+            paths = (_path_of(runtime, "aclInit", runtime_path), _path_of(meta, "aclCreateTensor", META_NAME),
+                     _path_of(lib, OPERATOR_SYMBOL, name))
+            info = BackendInfo("emulator" if version else "cann", requested, None, *paths, paths, version)
             return Libraries(runtime, meta, lib, info)
     raise LibraryNotFoundError(
         f"the system loader finds the CANN runtime but no library exporting {OPERATOR_SYMBOL}; "
@@ -286,7 +323,7 @@ def _load_emulator(requested: str) -> Libraries:
             f"the bundled emulator is missing from {lib_dir}: the package was not built with its "
             "native part (install it with `pip install .`, which compiles it with CMake)"
         )
-    return _load_from_dirs([lib_dir], requested, EMULATOR_ROOT)
+    return _load_root(EMULATOR_ROOT, [lib_dir], requested, [], custom_operators=False)
 
 
 def load(requested: Optional[str] = None) -> Libraries:
@@ -294,9 +331,9 @@ def load(requested: Optional[str] = None) -> Libraries:
     requested = requested or requested_backend()
     if requested == "emulator":
         return _load_emulator(requested)
-    dirs, roots = cann_search_dirs()
+    roots = cann_roots()
     if roots:
-        return _load_from_dirs(dirs, requested, roots[0])
+        return _load_cann(roots, requested)
     system = _load_system(requested)
     if system is not None:
         return system
