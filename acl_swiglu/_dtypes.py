@@ -33,6 +33,8 @@ def acl_dtype(dtype) -> int:
 
 def dtype_name(dtype) -> str:
     dtype = np.dtype(dtype)
+    if not dtype.isnative:
+        return f"{dtype.name} in non-native byte order ({dtype.str!r})"
     return "bfloat16" if dtype == bfloat16 else dtype.name
 
 

@@ -50,7 +50,10 @@ def check_clamp_limit(clamp_limit) -> Optional[float]:
         return None
     if isinstance(clamp_limit, (bool, np.bool_)) or not isinstance(clamp_limit, numbers.Real):
         raise TypeError(f"clamp_limit must be None (off) or a real number > 0, got {_describe(clamp_limit)}")
-    value = float(clamp_limit)
+    try:
+        value = float(clamp_limit)
+    except OverflowError:
+        raise ArgumentError(f"clamp_limit {clamp_limit} is beyond float32 range; the operator uses it as fp32") from None
     if math.isnan(value) or math.isinf(value):
         raise ArgumentError(f"clamp_limit must be a finite number > 0 (or None for off), got {value}")
     if value <= 0:

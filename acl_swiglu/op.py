@@ -31,13 +31,15 @@ class Executor(Owned):
 
     _kind = "Executor"
 
-    def __init__(self, handle, workspace_size: int, problem: Problem, keep_alive: Sequence[object]):
+    def __init__(self, handle, workspace_size: int, problem: Problem, keep_alive: Sequence[object],
+                 arrays: Optional[dict] = None):
         super().__init__()
         self.workspace_size = int(workspace_size)
         self.problem = problem
         self.repeatable = False
         self.launches = 0
         self._keep_alive = list(keep_alive)   # tensors must outlive the executor
+        self._arrays = dict(arrays or {})      # checked at launch: closed memory must not be used
         raw_destroy = runtime_api().raw.aclDestroyAclOpExecutor
         self._own(handle, lambda handle=handle: raw_destroy(handle))
 
@@ -50,9 +52,12 @@ class Executor(Owned):
         """Phase 2 on `stream` (default stream if None). The work runs asynchronously: wait
         with stream.synchronize() (DeviceArray.to_numpy does it for its writer)."""
         stream = stream if stream is not None else default_stream()
-        api = runtime_api()
         handle = self._as_parameter_
+        stream.check_open("stream")
+        _check_open(**self._arrays)
+        api = runtime_api()
         if workspace is not None:
+            workspace.check_open("workspace")
             if self.workspace_size and workspace.nbytes < self.workspace_size:
                 raise ArgumentError(f"workspace has {workspace.nbytes} bytes; phase 1 asked for {self.workspace_size}")
             self._launch_now(api, handle, workspace.ptr if self.workspace_size else None, stream)
@@ -68,6 +73,7 @@ class Executor(Owned):
             self._finalizer.detach()
             self._handle = None
             self._keep_alive = []
+            self._arrays = {}
         if status != 0:
             _ffi.raise_status(status, PHASE2, api.get_message)
 
@@ -90,14 +96,27 @@ def get_workspace_size(grad_y: DeviceArray, x: DeviceArray, weight: Optional[Dev
                 group_index=group_index if abi == 2 else None)
     with ExitStack() as stack:
         group = _group_argument(problem, group_index, stack)
-        return _phase1(problem, tensor_for(grad_y), tensor_for(x), tensor_for(weight), tensor_for(y_origin),
-                       group, tensor_for(grad_x), tensor_for(grad_weight))
+        executor = _phase1(problem, tensor_for(grad_y), tensor_for(x), tensor_for(weight), tensor_for(y_origin),
+                           group, tensor_for(grad_x), tensor_for(grad_weight))
+    executor._arrays = {name: a for name, a in (("grad_y", grad_y), ("x", x), ("weight", weight),
+                                                ("y_origin", y_origin), ("grad_x", grad_x),
+                                                ("grad_weight", grad_weight),
+                                                ("group_index", group_index if abi == 2 else None))
+                        if a is not None}
+    return executor
 
 
 def _check_open(**arrays) -> None:
     for name, array in arrays.items():
         if array is not None and array.closed:
-            raise HandleClosedError(f"{name} is a closed DeviceArray")
+            raise HandleClosedError(f"{name} is a closed DeviceArray; its device memory was freed")
+
+
+def _native(array):
+    """A NumPy array in native byte order (a converted copy when it is not)."""
+    if isinstance(array, np.ndarray) and not array.dtype.isnative:
+        return array.astype(array.dtype.newbyteorder("="))
+    return array
 
 
 def _group_argument(problem: Problem, group_index, stack: ExitStack):
@@ -171,6 +190,7 @@ def swiglu_group_quant_grad(grad_y: np.ndarray, x: np.ndarray, weight: Optional[
     grad_weight like weight or None). Inputs are never modified.
     """
     abi = abi_revision()
+    grad_y, x, weight, y_origin, group_index = map(_native, (grad_y, x, weight, y_origin, group_index))
     problem = validate(grad_y, x, weight, y_origin, group_index, clamp_limit, abi=abi, array_types=(np.ndarray,),
                        array_text="a numpy.ndarray", group_host=False)
     grad_x = np.empty(problem.x_shape, problem.dtype)
@@ -216,6 +236,7 @@ def swiglu_group_quant_grad_device(grad_y: DeviceArray, x: DeviceArray, weight: 
     _check_open(grad_y=grad_y, x=x, weight=weight, y_origin=y_origin, grad_x=grad_x, grad_weight=grad_weight,
                 group_index=group_index if abi == 2 else None)
     stream = stream if stream is not None else default_stream()
+    stream.check_open("stream")
     made = []
     try:
         if grad_x is None:
@@ -262,6 +283,7 @@ class SwigluGroupQuantGradPlan:
         _check_open(grad_y=grad_y, x=x, weight=weight, y_origin=y_origin, grad_x=grad_x, grad_weight=grad_weight,
                     group_index=group_index if abi == 2 else None)
         self.stream = stream if stream is not None else default_stream()
+        self.stream.check_open("stream")
         self._lock = threading.Lock()
         self._closed = False
         self._owned_outputs = []
@@ -333,6 +355,8 @@ class SwigluGroupQuantGradPlan:
                     self._rebind(api, name, array)
             if self.problem.abi == 1 and group_index is not None:
                 self._regroup(group_index)
+            # Every bound array, given now or earlier, must still own its memory.
+            _check_open(**self._arrays)
             self._executor.launch(self.stream)
             grad_x_array, grad_weight_array = self._arrays["grad_x"], self._arrays["grad_weight"]
             grad_x_array.pending = self.stream
@@ -385,15 +409,18 @@ class SwigluGroupQuantGradPlan:
             if self._closed:
                 return
             self._closed = True
-            if self._executor is not None:
-                try:
-                    self.stream.synchronize()   # queued launches still use the executor's memory
-                finally:
+            try:
+                # Queued launches still use the executor and the outputs; a closed stream has
+                # already completed them.
+                if self._executor is not None and not self.stream.closed:
+                    self.stream.synchronize()
+            finally:
+                if self._executor is not None:
                     self._executor.close()
-            for tensor in self._tensors.values():
-                tensor.close()
-            for array in self._owned_outputs:
-                array.close()
+                for tensor in self._tensors.values():
+                    tensor.close()
+                for array in self._owned_outputs:
+                    array.close()
 
     @property
     def closed(self) -> bool:

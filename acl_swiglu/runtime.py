@@ -187,6 +187,11 @@ class Owned:
             raise HandleClosedError(f"this {self._kind} was closed; it cannot be used any more")
         return handle
 
+    def check_open(self, name: Optional[str] = None) -> None:
+        """Raises HandleClosedError when closed (ctypes would wrap it in its own error)."""
+        if self._handle is None:
+            raise HandleClosedError(f"{name or 'this ' + self._kind} was closed; it cannot be used any more")
+
     def close(self) -> None:
         """Frees the native handle now (only the owner frees; a borrowed one is just dropped)."""
         if self._finalizer is not None:
@@ -242,11 +247,13 @@ class Stream(Owned):
         return ctypes.cast(self._as_parameter_, ctypes.c_void_p).value or 0
 
     def synchronize(self) -> None:
+        self.check_open()
         runtime_api().aclrtSynchronizeStream(self)
 
     def run_with_workspace(self, nbytes: int, launch: Callable[[Optional[int]], object]):
         """Calls launch(workspace address or None) with at least nbytes of workspace from this
         stream's grow-only pool; the pool's lock is held so the buffer cannot be swapped under it."""
+        self.check_open()
         with self._workspace_lock:
             if nbytes == 0:
                 return launch(None)
@@ -458,7 +465,9 @@ class DeviceArray:
     def to_numpy(self, sync: bool = True) -> np.ndarray:
         """A fresh host copy; waits first for work queued on this array (unless sync=False)."""
         if sync and self.pending is not None:
-            self.pending.synchronize()
+            # A stream that was closed since completed its queued work when it was destroyed.
+            if not self.pending.closed:
+                self.pending.synchronize()
             self.pending = None
         out = np.empty(self.shape, self.dtype)
         if out.size == 0:
@@ -523,6 +532,8 @@ def to_device(array: np.ndarray) -> DeviceArray:
     the device (the bytes it spans are copied); negative strides are copied to C order first."""
     if not isinstance(array, np.ndarray):
         raise TypeError(f"to_device needs a numpy.ndarray, got {type(array).__name__}")
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
     if array.size == 0:
         return DeviceArray(None, array.shape, array.dtype)
     layout = _device_layout(array)

@@ -17,9 +17,9 @@ def pytest_collection_modifyitems(config, items):
     skip_emulator_only = pytest.mark.skip(reason="emulator-only behaviour (fault injection, live counts, "
                                                  "strictness checks) cannot run against real CANN")
     for item in items:
-        if "device" in item.keywords and not DEVICE_RUN:
+        if item.get_closest_marker("device") is not None and not DEVICE_RUN:
             item.add_marker(skip_device)
-        if "emulator_only" in item.keywords and DEVICE_RUN:
+        if item.get_closest_marker("emulator_only") is not None and DEVICE_RUN:
             item.add_marker(skip_emulator_only)
 
 
@@ -32,7 +32,7 @@ def _live_counts():
 def no_leaked_handles(request):
     """Fails a test that leaves live tensors, int arrays, executors, streams or device memory."""
     yield
-    if DEVICE_RUN or "allow_live_handles" in request.keywords:
+    if DEVICE_RUN or request.node.get_closest_marker("allow_live_handles") is not None:
         return
     from acl_swiglu import _loader
     if _loader.loaded() is None:
