@@ -88,6 +88,7 @@ EMULATOR_DECLARATIONS = (
     ("runtime", "aclEmuSetFaults", "aclEmuSetFaults", aclError, (c_char_p,), STATUS),
     ("runtime", "aclEmuFaultsInjected", "aclEmuFaultsInjected", c_int64, (), PLAIN),
     ("runtime", "aclEmuSetThreads", "aclEmuSetThreads", aclError, (c_int32,), STATUS),
+    ("runtime", "aclEmuSetKernelVariant", "aclEmuSetKernelVariant", aclError, (c_int32,), STATUS),
 )
 
 _STATUS_IN_TEXT = re.compile(r"\[status (-?\d+)\]")

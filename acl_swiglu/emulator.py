@@ -44,6 +44,16 @@ def set_threads(threads: int) -> None:
     _api().aclEmuSetThreads(int(threads))
 
 
+KERNEL_VARIANTS = ("vector", "scalar")
+
+
+def set_kernel_variant(variant: str) -> None:
+    """'vector' (default) or 'scalar' (the one-element-at-a-time reference); same bytes either way."""
+    if variant not in KERNEL_VARIANTS:
+        raise ValueError(f"kernel variant must be one of {KERNEL_VARIANTS}, got {variant!r}")
+    _api().aclEmuSetKernelVariant(KERNEL_VARIANTS.index(variant))
+
+
 def _plan_text(faults) -> str:
     if isinstance(faults, str):
         return faults

@@ -2,8 +2,10 @@
 find_package(Threads REQUIRED)
 
 # Bit-exact fp32 arithmetic: no contraction into FMA, no fast-math reassociation.
-set(EMU_C_FLAGS -ffp-contract=off -fno-fast-math -fvisibility=hidden -Wall -Wextra
-                -Wno-unused-parameter)
+# -fno-trapping-math only lets the compiler if-convert and vectorise (no value changes): the
+# kernel never reads floating-point exception flags.
+set(EMU_C_FLAGS -ffp-contract=off -fno-fast-math -fno-trapping-math -fvisibility=hidden -Wall -Wextra
+                -Wno-unused-parameter -Wno-psabi)
 set(EMU_OPT_FLAGS $<$<CONFIG:Release>:-O3>)
 if(ACL_SWIGLU_SANITIZE)
   set(EMU_SANITIZE_FLAGS -fsanitize=address,undefined -fno-sanitize-recover=undefined

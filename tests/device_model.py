@@ -1,8 +1,8 @@
 """Bit-exact NumPy model of the emulator's kernel (docs/kernel.md), for tests only.
 
 Every arithmetic step is a float32 NumPy operation in the documented order; constants are
-np.float32 so nothing is promoted to float64. NaN payloads are not modelled beyond what
-docs/kernel.md states: tests compare NaN positions, not payloads.
+np.float32 so nothing is promoted to float64. Stored NaNs are canonical (docs/kernel.md), so
+outputs can be compared byte for byte.
 """
 
 from __future__ import annotations
@@ -116,30 +116,41 @@ def widen(a) -> np.ndarray:
     return a.astype(np.float32)
 
 
+CANONICAL_NAN_F32 = np.uint32(0x7FC00000)
+CANONICAL_NAN_F16 = np.uint16(0x7E00)
+CANONICAL_NAN_BF16 = np.uint16(0x7FC0)
+
+
+def canonical_f32(v) -> np.ndarray:
+    """Every NaN as the positive quiet NaN 0x7FC00000, as the emulator stores them."""
+    v = np.array(_f32(v), dtype=np.float32)
+    bits = v.view(np.uint32)
+    bits[np.isnan(v)] = CANONICAL_NAN_F32
+    return v
+
+
 def to_bf16(v) -> np.ndarray:
-    """Round half to even on the upper 16 bits; NaN becomes a quiet NaN (sign kept)."""
+    """Round half to even on the upper 16 bits; NaN becomes the canonical 0x7FC0."""
     v = _f32(v)
     bits = np.ascontiguousarray(v).view(np.uint32).astype(np.uint64)
     rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    quiet = (bits >> 16) | 0x0040
-    out = np.where(np.isnan(v), quiet, rounded).astype(np.uint16)
+    out = np.where(np.isnan(v), np.uint64(CANONICAL_NAN_BF16), rounded).astype(np.uint16)
     return out.view(BF16)
 
 
 def to_f16(v) -> np.ndarray:
-    """Round half to even (NumPy's cast does that, subnormals included); NaN -> 0x7E00 | sign."""
+    """Round half to even (NumPy's cast does that, subnormals included); NaN -> 0x7E00."""
     v = _f32(v)
     with np.errstate(all="ignore"):
         bits = v.astype(np.float16).view(np.uint16)
-    sign = (np.ascontiguousarray(v).view(np.uint32) >> 16).astype(np.uint16) & np.uint16(0x8000)
-    bits = np.where(np.isnan(v), sign | np.uint16(0x7E00), bits).astype(np.uint16)
+    bits = np.where(np.isnan(v), CANONICAL_NAN_F16, bits).astype(np.uint16)
     return bits.view(np.float16)
 
 
 def narrow(v, dtype) -> np.ndarray:
     dtype = np.dtype(dtype)
     if dtype == np.float32:
-        return _f32(v).copy()
+        return canonical_f32(v)
     if dtype == np.float16:
         return to_f16(v)
     if dtype == BF16:
@@ -173,11 +184,12 @@ def swiglu_group_quant_grad_model(grad_y, x, weight=None, y_origin=None, group_i
             p = gy * yo
             gw = np.zeros(rows, dtype=np.float32)
             gw[:trunc] = chunked_tree_sum(p)
-            grad_w = gw.reshape(weight.shape)
+            grad_w = canonical_f32(gw).reshape(weight.shape)
             gy = gy * w[:, None]
-        clamp = clamp_limit is not None
+        # The kernel clamps with c = float32(clamp_limit), and only when c > 0.
+        c = F32(clamp_limit) if clamp_limit is not None else ZERO
+        clamp = bool(c > ZERO)
         if clamp:
-            c = F32(clamp_limit)
             a = np.minimum(x0, c)
             b = np.minimum(np.maximum(x1, -c), c)
         else:

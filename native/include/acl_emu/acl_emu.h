@@ -37,6 +37,10 @@ ACL_FUNC_VISIBILITY aclError aclEmuSetFaults(const char *spec);
 /* Number of faults injected since the plan was last set. */
 ACL_FUNC_VISIBILITY int64_t aclEmuFaultsInjected(void);
 
+/* Kernel implementation: 0 = vectorised (default), 1 = the scalar reference; both write the same
+ * bytes (ACL_EMU_KERNEL=vector|scalar sets it at load). */
+ACL_FUNC_VISIBILITY aclError aclEmuSetKernelVariant(int32_t variant);
+
 /* Kernel worker threads (0 = one per online CPU, the default; ACL_EMU_THREADS sets it at load). */
 ACL_FUNC_VISIBILITY aclError aclEmuSetThreads(int32_t threads);
 

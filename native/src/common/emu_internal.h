@@ -99,8 +99,10 @@ EMU_EXPORT void aclEmu_stream_enqueue(void *resolved_stream, aclEmuTask *task);
 /* Drops the reference without queueing anything. */
 EMU_EXPORT void aclEmu_stream_unref(void *resolved_stream);
 
-/* ---- kernel threads ---- */
+/* ---- kernel settings ---- */
 EMU_EXPORT int aclEmu_thread_count(void);
+/* 0: vectorised kernel (default), 1: scalar reference kernel. */
+EMU_EXPORT int aclEmu_kernel_variant(void);
 
 /* ---- small helpers ---- */
 EMU_EXPORT const char *aclEmu_dtype_name(int dtype);

@@ -434,8 +434,10 @@ EMU_EXPORT aclnnStatus aclnnSwigluGroupQuantGradGetWorkspaceSize(
         return aclEmu_fail(ACLNN_ERR_INNER_CREATE_EXECUTOR, PHASE1, "out of host memory");
     }
     data->abi = abi;
-    data->clamp_on = abi == 1 ? clampLimit > 0.0 : clampLimit != ACLNN_SWIGLU_CLAMP_OFF;
+    /* The kernel works with c = (float)clampLimit, and clamps when c > 0 (a tiny positive
+     * limit that rounds to 0 in fp32 turns it off rather than masking everything). */
     data->clamp = (float)clampLimit;
+    data->clamp_on = clampLimit != ACLNN_SWIGLU_CLAMP_OFF && data->clamp > 0.0f;
     data->rows = rows;
     data->hidden = hidden;
     data->group_count = group_count;
@@ -501,7 +503,8 @@ static int run_kernel(aclEmuTask *task)
     if (k->workspace_size > 0) {
         fill_garbage(k->workspace, k->workspace_size, k->launch_number);
     }
-    int rc = swiglu_kernel_run(&k->args, aclEmu_thread_count());
+    int rc = swiglu_kernel_run(&k->args, aclEmu_thread_count(),
+                               (swiglu_kernel_variant)aclEmu_kernel_variant());
     aclEmu_mem_unpin(k->ranges, k->range_count);
     if (rc != 0) {
         return aclEmu_fail(ACL_ERROR_RT_INTERNAL_ERROR, "aclrtSynchronizeStream",

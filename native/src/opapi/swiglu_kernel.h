@@ -45,12 +45,18 @@ typedef struct {
     swiglu_view group_index;       /* SWIGLU_GROUPS_DEVICE */
 } swiglu_kernel_args;
 
+typedef enum {
+    SWIGLU_KERNEL_VECTOR = 0,   /* eight lanes at a time (the default) */
+    SWIGLU_KERNEL_SCALAR = 1    /* one element at a time: the reference the vector path must match */
+} swiglu_kernel_variant;
+
 /* Rows to compute: min(uint32 wrapping sum of the groups, T), or T without groups. */
 int64_t swiglu_trunc(const swiglu_kernel_args *args);
 
-/* Runs the kernel over all rows with up to `threads` threads (the result does not depend on
- * it). Returns 0, or -1 when host memory for scratch ran out (nothing written then). */
-int swiglu_kernel_run(const swiglu_kernel_args *args, int threads);
+/* Runs the kernel over all rows with up to `threads` threads. The bytes written depend on
+ * neither the thread count nor the variant. Returns 0, or -1 when host memory for scratch ran
+ * out (nothing written then). */
+int swiglu_kernel_run(const swiglu_kernel_args *args, int threads, swiglu_kernel_variant variant);
 
 /* The device's exp (exposed for tests): fp32, flushes subnormal results to 0, overflows to
  * +inf for x >= 88.72284. */

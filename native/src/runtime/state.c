@@ -21,6 +21,7 @@ static int ever_finalized;
 static uint32_t device_count = 1;
 static int64_t device_refs[MAX_EMULATED_DEVICES];
 static int thread_count;
+static int kernel_variant;
 /* Bumped by aclFinalize so that a device set before it does not count afterwards. */
 static uint64_t init_generation;
 
@@ -71,7 +72,16 @@ __attribute__((constructor)) static void emulator_load(void)
                 "expected name:N:code[,name:N:code...]");
     }
     thread_count = (int)aclEmu_env_u64("ACL_EMU_THREADS", 0);
+    const char *variant = getenv("ACL_EMU_KERNEL");
+    if (variant != NULL && strcmp(variant, "scalar") == 0) {
+        kernel_variant = 1;
+    } else if (variant != NULL && *variant != '\0' && strcmp(variant, "vector") != 0) {
+        fprintf(stderr, "acl-swiglu emulator: ignoring ACL_EMU_KERNEL=%s (use vector or scalar)\n",
+                variant);
+    }
 }
+
+int aclEmu_kernel_variant(void) { return __atomic_load_n(&kernel_variant, __ATOMIC_RELAXED); }
 
 int aclEmu_thread_count(void)
 {
@@ -296,6 +306,16 @@ EMU_EXPORT aclError aclEmuSetFaults(const char *spec)
 }
 
 EMU_EXPORT int64_t aclEmuFaultsInjected(void) { return aclEmu_fault_injected(); }
+
+EMU_EXPORT aclError aclEmuSetKernelVariant(int32_t variant)
+{
+    if (variant != 0 && variant != 1) {
+        return aclEmu_fail(ACL_ERROR_INVALID_PARAM, "aclEmuSetKernelVariant",
+                           "variant must be 0 (vectorised) or 1 (scalar reference), got %d", variant);
+    }
+    __atomic_store_n(&kernel_variant, variant, __ATOMIC_RELAXED);
+    return ACL_SUCCESS;
+}
 
 EMU_EXPORT aclError aclEmuSetThreads(int32_t threads)
 {

@@ -1,0 +1,135 @@
+/* The vectorised kernel writes the same bytes as the scalar reference kernel, for every dtype,
+ * option, width (H not a multiple of the vector or chunk size included) and layout, on data
+ * full of special values; and the same bytes whatever the thread count. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "emu_test.h"
+#include "opapi/swiglu_kernel.h"
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ULL;
+
+static uint64_t next_random(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+/* Mostly moderate values, with NaN, +-inf, huge, tiny, subnormal, exact clamp edges and the
+ * exp overflow and flush regions mixed in. */
+static float random_value(void)
+{
+    static const float specials[] = {NAN, -NAN, INFINITY, -INFINITY, 95.0f, -95.0f, 88.72284f,
+                                     88.7228f, -87.33654f, -87.4f, 1.0f, -1.0f, 2.5f, -2.5f,
+                                     0.0f, -0.0f, 1e-40f, -1e-40f, 3e38f, 65520.0f, 1e-8f};
+    uint64_t r = next_random();
+    if (r % 13 == 0) {
+        return specials[(r >> 8) % (sizeof specials / sizeof specials[0])];
+    }
+    return (float)((int64_t)(r >> 20) % 200001 - 100000) * 6e-5f;
+}
+
+static void fill(void *data, size_t count, aclDataType dtype)
+{
+    for (size_t i = 0; i < count; i++) {
+        float f = random_value();
+        uint32_t u;
+        memcpy(&u, &f, sizeof u);
+        if (dtype == ACL_FLOAT) {
+            ((float *)data)[i] = f;
+        } else if (dtype == ACL_BF16) {
+            ((uint16_t *)data)[i] = (uint16_t)(u >> 16);
+        } else {
+            _Float16 h = (_Float16)f;
+            memcpy((uint16_t *)data + i, &h, sizeof h);
+        }
+    }
+}
+
+/* A [rows, cols] view into a buffer with a row pitch and a column step. */
+static void view(swiglu_view *v, void *data, int64_t rows, int64_t cols, int64_t pitch, int64_t step)
+{
+    memset(v, 0, sizeof *v);
+    v->data = data;
+    v->ndim = 2;
+    v->dims[0] = rows;
+    v->dims[1] = cols;
+    v->strides[0] = pitch;
+    v->strides[1] = step;
+}
+
+static void run_case(aclDataType dtype, int64_t rows, int64_t hidden, int step, int clamp_on,
+                     int has_weight, int groups)
+{
+    size_t es = dtype == ACL_FLOAT ? 4 : 2;
+    int64_t x_pitch = 2 * hidden * step + 3, y_pitch = hidden * step + 1;
+    char *gy = malloc((size_t)(rows * y_pitch) * es), *x = malloc((size_t)(rows * x_pitch) * es);
+    char *yo = malloc((size_t)(rows * y_pitch) * es);
+    size_t gx_bytes = (size_t)(rows * x_pitch) * es;
+    char *gx_scalar = malloc(gx_bytes), *gx_vector = malloc(gx_bytes);
+    float *w = malloc((size_t)rows * sizeof(float));
+    float *gw_scalar = malloc((size_t)rows * sizeof(float)), *gw_vector = malloc((size_t)rows * sizeof(float));
+    fill(gy, (size_t)(rows * y_pitch), dtype);
+    fill(x, (size_t)(rows * x_pitch), dtype);
+    fill(yo, (size_t)(rows * y_pitch), dtype);
+    for (int64_t t = 0; t < rows; t++) w[t] = random_value();
+    memset(gx_scalar, 0xAB, gx_bytes);
+    memset(gx_vector, 0xAB, gx_bytes);
+    int64_t counts[2] = {rows / 3, rows / 3};
+
+    swiglu_kernel_args a;
+    memset(&a, 0, sizeof a);
+    a.dtype = dtype;
+    a.rows = rows;
+    a.hidden = hidden;
+    view(&a.grad_y, gy, rows, hidden, y_pitch, step);
+    view(&a.x, x, rows, 2 * hidden, x_pitch, step);
+    view(&a.y_origin, yo, rows, hidden, y_pitch, step);
+    a.has_weight = has_weight;
+    view(&a.weight, w, rows, 1, 1, 1);
+    a.clamp_on = clamp_on;
+    a.clamp = 2.5f;
+    a.group_mode = groups ? SWIGLU_GROUPS_HOST : SWIGLU_GROUPS_NONE;
+    a.group_values = counts;
+    a.group_count = 2;
+
+    view(&a.grad_x, gx_scalar, rows, 2 * hidden, x_pitch, step);
+    view(&a.grad_weight, gw_scalar, rows, 1, 1, 1);
+    CHECK_EQ_INT(swiglu_kernel_run(&a, 1, SWIGLU_KERNEL_SCALAR), 0);
+    for (int threads = 1; threads <= 3; threads += 2) {
+        view(&a.grad_x, gx_vector, rows, 2 * hidden, x_pitch, step);
+        view(&a.grad_weight, gw_vector, rows, 1, 1, 1);
+        CHECK_EQ_INT(swiglu_kernel_run(&a, threads, SWIGLU_KERNEL_VECTOR), 0);
+        int same_gx = memcmp(gx_scalar, gx_vector, gx_bytes) == 0;
+        int same_gw = !has_weight || memcmp(gw_scalar, gw_vector, (size_t)rows * sizeof(float)) == 0;
+        if (!same_gx || !same_gw) {
+            fprintf(stderr, "dtype %d rows %lld H %lld step %d clamp %d weight %d groups %d threads %d: "
+                    "gradX %s, gradWeight %s\n", (int)dtype, (long long)rows, (long long)hidden, step,
+                    clamp_on, has_weight, groups, threads, same_gx ? "same" : "DIFFERS",
+                    same_gw ? "same" : "DIFFERS");
+        }
+        CHECK(same_gx && same_gw);
+    }
+    free(gy); free(x); free(yo); free(gx_scalar); free(gx_vector); free(w); free(gw_scalar); free(gw_vector);
+}
+
+int main(void)
+{
+    static const aclDataType dtypes[] = {ACL_FLOAT, ACL_FLOAT16, ACL_BF16};
+    static const int64_t widths[] = {1, 7, 8, 63, 64, 65, 511, 512, 513, 1100};
+    for (size_t d = 0; d < 3; d++) {
+        for (size_t k = 0; k < sizeof widths / sizeof widths[0]; k++) {
+            for (int options = 0; options < 8; options++) {
+                run_case(dtypes[d], 37, widths[k], 1, options & 1, (options >> 1) & 1, (options >> 2) & 1);
+            }
+            run_case(dtypes[d], 11, widths[k], 2, 1, 1, 0);
+        }
+        /* Enough work for several threads. */
+        run_case(dtypes[d], 700, 1024, 1, 1, 1, 1);
+    }
+    return emu_test_finish("test_kernel_variants");
+}
