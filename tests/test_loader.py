@@ -269,8 +269,8 @@ def installed(tmp_path_factory) -> dict:
                                     "emulator_root": _loader.EMULATOR_ROOT}))
     """)
     found = run_child(code, child_env(), cwd)
-    repo = Path(__file__).resolve().parent.parent
-    assert not Path(found["package"]).resolve().is_relative_to(repo), (
+    source_tree = Path(__file__).resolve().parent.parent / "acl_swiglu"
+    assert Path(found["package"]).resolve() != source_tree, (
         f"the child imported the source tree {found['package']}; install the package (pip install '.[test]')")
     lib64 = Path(found["emulator_root"]) / "lib64"
     for name in ("libascendcl.so", "libnnopbase.so", "libopapi.so"):
