@@ -20,6 +20,7 @@ from .errors import ConfigurationError, LibraryNotFoundError
 ENV_BACKEND = "ACL_SWIGLU_BACKEND"
 ENV_LIB_DIR = "ACL_SWIGLU_LIB_DIR"
 ENV_ABI = "ACL_SWIGLU_ABI"
+ENV_EMULATOR_DIR = "ACL_SWIGLU_EMULATOR_DIR"   # another build of the emulator's lib64 (development)
 
 BACKENDS = ("auto", "cann", "emulator")
 DEFAULT_ROOTS = ("/usr/local/Ascend/cann", "/usr/local/Ascend/ascend-toolkit/latest")
@@ -317,13 +318,16 @@ def _load_system(requested: str) -> Optional[Libraries]:
 
 
 def _load_emulator(requested: str) -> Libraries:
-    lib_dir = os.path.join(EMULATOR_ROOT, "lib64")
+    lib_dir = os.environ.get(ENV_EMULATOR_DIR) or os.path.join(EMULATOR_ROOT, "lib64")
     if not os.path.isfile(os.path.join(lib_dir, "libascendcl.so")):
+        if os.environ.get(ENV_EMULATOR_DIR):
+            raise LibraryNotFoundError(f"{ENV_EMULATOR_DIR}={lib_dir} holds no libascendcl.so")
         raise LibraryNotFoundError(
             f"the bundled emulator is missing from {lib_dir}: the package was not built with its "
             "native part (install it with `pip install .`, which compiles it with CMake)"
         )
-    return _load_root(EMULATOR_ROOT, [lib_dir], requested, [], custom_operators=False)
+    root = EMULATOR_ROOT if lib_dir == os.path.join(EMULATOR_ROOT, "lib64") else os.path.dirname(lib_dir)
+    return _load_root(root, [lib_dir], requested, [], custom_operators=False)
 
 
 def load(requested: Optional[str] = None) -> Libraries:

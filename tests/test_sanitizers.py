@@ -1,0 +1,77 @@
+"""The emulator built with AddressSanitizer and UndefinedBehaviorSanitizer: its C tests, and the
+Python tests that drive it hardest, run against that build; any report fails the test."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.allow_live_handles   # everything runs in child processes
+
+SANITIZER_REPORTS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:", "SUMMARY: UndefinedBehavior")
+
+
+def _run(cmd, env=None, timeout=1800):
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=timeout)
+    output = result.stdout + result.stderr
+    return result.returncode, output
+
+
+@pytest.fixture(scope="module")
+def asan_build():
+    if shutil.which("cmake") is None:
+        pytest.fail("cmake is required to build the sanitizer build")
+    build = ROOT / "build" / "pytest-sanitize"
+    for cmd in (["cmake", "-S", str(ROOT), "-B", str(build), "-DACL_SWIGLU_SANITIZE=ON", "-DCMAKE_BUILD_TYPE=Debug"],
+                ["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2)]):
+        code, output = _run(cmd)
+        assert code == 0, output[-6000:]
+    return build
+
+
+def _no_reports(output: str):
+    found = [line for line in output.splitlines() if any(r in line for r in SANITIZER_REPORTS)]
+    assert not found, "sanitizer reports:\n" + "\n".join(found[:20]) + "\n" + output[-6000:]
+
+
+def test_ctest_under_asan_and_ubsan(asan_build):
+    code, output = _run(["ctest", "--test-dir", str(asan_build), "--output-on-failure", "-j", "2"])
+    assert code == 0, output[-8000:]
+    assert "100% tests passed" in output
+    _no_reports(output)
+
+
+def _runtime_library(name: str) -> str:
+    path = subprocess.run(["gcc", f"-print-file-name={name}"], capture_output=True, text=True).stdout.strip()
+    assert os.path.isabs(path) and os.path.exists(path), f"gcc does not know where {name} is"
+    return path
+
+
+def test_python_tests_under_asan_and_ubsan(asan_build):
+    # Python is not instrumented: the ASan runtime must be loaded first, and CPython's own
+    # allocations at exit are not the emulator's leaks (the tests check live handles instead).
+    env = dict(os.environ)
+    env.update({
+        "LD_PRELOAD": _runtime_library("libasan.so"),
+        "ASAN_OPTIONS": "detect_leaks=0:halt_on_error=1:abort_on_error=1",
+        "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1",
+        "ACL_SWIGLU_BACKEND": "emulator",
+        "ACL_SWIGLU_EMULATOR_DIR": str(asan_build / "emulator" / "lib64"),
+        "PYTHONFAULTHANDLER": "1",
+    })
+    code, output = _run([sys.executable, "-c", "import acl_swiglu; print(acl_swiglu.backend_info().runtime)"], env=env)
+    assert code == 0, output
+    assert str(asan_build) in output, f"the sanitizer build was not the one loaded: {output}"
+    selected = [str(ROOT / "tests" / name) for name in
+                ("test_binding.py", "test_errors.py", "test_faults.py", "test_concurrency.py", "test_bad_inputs.py")
+                if (ROOT / "tests" / name).exists()]
+    code, output = _run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                         "--rootdir", str(ROOT), *selected, "-k", "not sanitizers"], env=env)
+    assert code == 0, output[-8000:]
+    _no_reports(output)
+    # The children really ran on the sanitizer build.
+    assert "passed" in output
