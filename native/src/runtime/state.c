@@ -22,6 +22,7 @@ static uint32_t device_count = 1;
 static int64_t device_refs[MAX_EMULATED_DEVICES];
 static int thread_count;
 static int kernel_variant;
+static int online_cpus = 1;   /* read once: sysconf reads /sys on every call */
 /* Bumped by aclFinalize so that a device set before it does not count afterwards. */
 static uint64_t init_generation;
 
@@ -72,6 +73,8 @@ __attribute__((constructor)) static void emulator_load(void)
                 "expected name:N:code[,name:N:code...]");
     }
     thread_count = (int)aclEmu_env_u64("ACL_EMU_THREADS", 0);
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    online_cpus = online > 0 ? (int)online : 1;
     const char *variant = getenv("ACL_EMU_KERNEL");
     if (variant != NULL && strcmp(variant, "scalar") == 0) {
         kernel_variant = 1;
@@ -86,11 +89,7 @@ int aclEmu_kernel_variant(void) { return __atomic_load_n(&kernel_variant, __ATOM
 int aclEmu_thread_count(void)
 {
     int wanted = __atomic_load_n(&thread_count, __ATOMIC_RELAXED);
-    if (wanted > 0) {
-        return wanted;
-    }
-    long online = sysconf(_SC_NPROCESSORS_ONLN);
-    return online > 0 ? (int)online : 1;
+    return wanted > 0 ? wanted : online_cpus;
 }
 
 static uint64_t default_device_memory(void)
