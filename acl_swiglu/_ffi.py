@@ -131,6 +131,14 @@ def _bind(lib: ctypes.CDLL, symbol: str, restype, argtypes):
     return prototype((symbol, lib))
 
 
+# Hot paths call these without argtypes, with ctypes arguments they build once: the
+# conversions a prototype makes on every call are the largest part of a call's cost.
+HOT_PATH = (
+    ("operator", "aclnnSwigluGroupQuantGrad", aclnnStatus),
+    ("runtime", "aclrtSynchronizeStream", aclError),
+)
+
+
 def bind_all(libs: _loader.Libraries) -> SimpleNamespace:
     """Binds every declaration; returns a namespace of checked functions with ``.raw``."""
     checked = SimpleNamespace()
@@ -148,6 +156,11 @@ def bind_all(libs: _loader.Libraries) -> SimpleNamespace:
             fn_checked.errcheck = _handle_checker(symbol, get_message)
         setattr(checked, name, fn_checked)
     checked.raw = raw
+    checked.hot = SimpleNamespace()
+    for library, symbol, restype in HOT_PATH:
+        fn = by_library[library]._FuncPtr((symbol, by_library[library]))
+        fn.restype = restype
+        setattr(checked.hot, symbol, fn)
     checked.get_message = get_message
     checked.libraries = libs
     return checked

@@ -113,7 +113,7 @@ def validate(grad_y, x, weight, y_origin, group_index, clamp_limit, *, abi: int,
         raise ArgumentError(f"x's last dim is {x_shape[-1]}; it must be even (2H)")
     if gy_shape[-1] * 2 != x_shape[-1]:
         raise ArgumentError(f"grad_y's last dim {gy_shape[-1]} must be half of x's last dim {x_shape[-1]}")
-    rows = int(np.prod(gy_shape[:-1], dtype=np.int64))
+    rows = math.prod(gy_shape[:-1])
     hidden = gy_shape[-1]
 
     if y_origin is not None and tuple(y_origin.shape) != gy_shape:
@@ -131,7 +131,7 @@ def validate(grad_y, x, weight, y_origin, group_index, clamp_limit, *, abi: int,
                 raise ArgumentError(f"weight has shape {weight_shape}; ABI revision 1 needs grad_y's leading dims "
                                     f"followed by 1: {gy_shape[:-1] + (1,)}")
         else:
-            count = int(np.prod(weight_shape, dtype=np.int64))
+            count = math.prod(weight_shape)
             if not 1 <= len(weight_shape) <= MAX_RANK or count != rows:
                 raise ArgumentError(f"weight has shape {weight_shape} ({count} elements); it must hold one value per "
                                     f"row, T = {rows} elements, in 1 to {MAX_RANK} dims (e.g. {gy_shape[:-1] + (1,)})")

@@ -14,7 +14,8 @@ from . import _ffi
 from ._loader import abi_revision
 from ._validate import Problem, validate
 from .errors import ArgumentError, HandleClosedError
-from .runtime import DeviceArray, Owned, Stream, default_stream, runtime_api, to_device
+from ._scratch import CallScratch, check
+from .runtime import DeviceArray, DeviceBuffer, Owned, Stream, close_count, default_stream, runtime_api
 from .tensor import AclIntArray, AclTensor, tensor_for
 
 INPUT_SLOTS = ("grad_y", "x", "weight", "y_origin", "group_index")   # aclSetInputTensorAddr indexes
@@ -196,27 +197,56 @@ def swiglu_group_quant_grad(grad_y: np.ndarray, x: np.ndarray, weight: Optional[
     grad_x = np.empty(problem.x_shape, problem.dtype)
     grad_weight = np.empty(problem.weight_shape, np.float32) if weight is not None else None
     stream = _thread_stream()
-    with ExitStack() as stack:
-        device = {}
-        for name, array in (("grad_y", grad_y), ("x", x), ("weight", weight), ("y_origin", y_origin),
-                            ("group_index", group_index if abi == 2 else None)):
-            device[name] = stack.enter_context(to_device(array)) if array is not None else None
-        d_grad_x = stack.enter_context(DeviceArray.empty(problem.x_shape, problem.dtype))
-        d_grad_weight = (stack.enter_context(DeviceArray.empty(problem.weight_shape, np.float32))
-                         if weight is not None else None)
-        group = _group_argument(problem, group_index if abi == 1 else device["group_index"], stack)
-        executor = stack.enter_context(_phase1(
-            problem, tensor_for(device["grad_y"]), tensor_for(device["x"]), tensor_for(device["weight"]),
-            tensor_for(device["y_origin"]), group, tensor_for(d_grad_x), tensor_for(d_grad_weight)))
-        # If anything below fails, queued work must finish before the buffers are freed.
-        stack.callback(_quiet_synchronize, stream)
-        executor.launch(stream)
-        stream.synchronize()
-        if grad_x.size:
-            d_grad_x.buffer.copy_to_host(grad_x)
-        if grad_weight is not None and grad_weight.size:
-            d_grad_weight.buffer.copy_to_host(grad_weight)
+    api = runtime_api()
+    with CallScratch(api) as scratch:
+        t_gy, t_x = scratch.host_to_device(grad_y), scratch.host_to_device(x)
+        t_w = scratch.host_to_device(weight) if weight is not None else None
+        t_yo = scratch.host_to_device(y_origin) if y_origin is not None else None
+        if group_index is None:
+            group = None
+        elif abi == 1:
+            group = scratch.int_array(group_index)
+        else:
+            group = scratch.host_to_device(group_index)
+        t_gx, gx_ptr = scratch.device_output(grad_x)
+        t_gw, gw_ptr = scratch.device_output(grad_weight) if grad_weight is not None else (None, None)
+        executor, size = _raw_phase1(api, problem, t_gy, t_x, t_w, t_yo, group, t_gx, t_gw)
+        scratch.drain = stream._as_parameter_
+        _raw_launch(api, executor, size, stream)
+        check(api, api.raw.aclrtSynchronizeStream(stream._as_parameter_), "aclrtSynchronizeStream")
+        scratch.device_to_host(gx_ptr, grad_x)
+        if grad_weight is not None:
+            scratch.device_to_host(gw_ptr, grad_weight)
     return grad_x, grad_weight
+
+
+def _raw_phase1(api, problem: Problem, gy, x, weight, y_origin, group, grad_x, grad_weight):
+    """Phase 1 on raw handles: (executor handle, workspace size)."""
+    size = ctypes.c_uint64()
+    handle = _ffi.aclOpExecutor_p()
+    fn = (api.raw.aclnnSwigluGroupQuantGradGetWorkspaceSize if problem.abi == 2
+          else api.raw.aclnnSwigluGroupQuantGradGetWorkspaceSize_rev1)
+    check(api, fn(gy, x, weight, y_origin, group, problem.clamp_c_value, grad_x, grad_weight, ctypes.byref(size),
+                  ctypes.byref(handle)), _ffi.OPERATOR_PHASE1)
+    return handle, size.value
+
+
+def _raw_launch(api, executor, workspace_size: int, stream: Stream) -> None:
+    """Phase 2 of a single-use executor (consumed either way) with the stream's workspace."""
+    launch = api.raw.aclnnSwigluGroupQuantGrad
+    launched = []
+
+    def run(ptr):
+        launched.append(True)
+        return launch(ptr, workspace_size, executor, stream._as_parameter_)
+
+    try:
+        status = stream.run_with_workspace(workspace_size, run)
+    except BaseException:
+        if not launched:   # the workspace could not be had: the executor was never handed over
+            api.raw.aclDestroyAclOpExecutor(executor)
+        raise
+    check(api, status, PHASE2)
 
 
 # ---- device-level call ----
@@ -245,11 +275,12 @@ def swiglu_group_quant_grad_device(grad_y: DeviceArray, x: DeviceArray, weight: 
         if weight is not None and grad_weight is None:
             grad_weight = DeviceArray.empty(problem.weight_shape, np.float32)
             made.append(grad_weight)
+        api = runtime_api()
         with ExitStack() as stack:
             group = _group_argument(problem, group_index, stack)
-            executor = _phase1(problem, tensor_for(grad_y), tensor_for(x), tensor_for(weight), tensor_for(y_origin),
-                               group, tensor_for(grad_x), tensor_for(grad_weight))
-            executor.launch(stream)
+            executor, size = _raw_phase1(api, problem, tensor_for(grad_y), tensor_for(x), tensor_for(weight),
+                                         tensor_for(y_origin), group, tensor_for(grad_x), tensor_for(grad_weight))
+            _raw_launch(api, executor, size, stream)
     except BaseException:
         for array in made:
             array.close()
@@ -289,6 +320,10 @@ class SwigluGroupQuantGradPlan:
         self._owned_outputs = []
         self._tensors = {}
         self._executor: Optional[Executor] = None
+        self._workspace: Optional[DeviceBuffer] = None
+        self._workspace_ptr = None
+        self._workspace_size = 0
+        self._launch = None
         try:
             if grad_x is None:
                 grad_x = DeviceArray.empty(self.problem.x_shape, self.problem.dtype)
@@ -306,6 +341,14 @@ class SwigluGroupQuantGradPlan:
             self._group_values = (tuple(int(v) for v in np.asarray(group_index, dtype=np.int64))
                                   if abi == 1 and group_index is not None else None)
             self._build_executor()
+            # The plan's own workspace: no pool lock on the hot path, never swapped under it.
+            self._workspace_size = self._executor.workspace_size
+            if self._workspace_size:
+                self._workspace = DeviceBuffer(self._workspace_size)
+                self._workspace_ptr = self._workspace.ptr
+            self._launch = runtime_api().hot.aclnnSwigluGroupQuantGrad
+            self._set_launch_args()
+            self._checked_at = -1
         except BaseException:
             self.close()
             raise
@@ -323,6 +366,12 @@ class SwigluGroupQuantGradPlan:
             executor.close()
             raise
         self._executor = executor
+        if self._launch is not None:
+            self._set_launch_args()
+
+    def _set_launch_args(self) -> None:
+        self._launch_args = (ctypes.c_void_p(self._workspace_ptr), ctypes.c_uint64(self._workspace_size),
+                             ctypes.cast(self._executor._as_parameter_, ctypes.c_void_p), self.stream._address)
 
     @property
     def grad_x(self) -> DeviceArray:
@@ -342,27 +391,39 @@ class SwigluGroupQuantGradPlan:
                  ) -> Tuple[DeviceArray, Optional[DeviceArray]]:
         """Launches phase 2 with the given arrays rebound (others keep their last binding).
         Returns the bound (grad_x, grad_weight); the work is queued on the plan's stream."""
-        given = {"grad_y": grad_y, "x": x, "weight": weight, "y_origin": y_origin, "grad_x": grad_x,
-                 "grad_weight": grad_weight}
-        if self.problem.abi == 2:
-            given["group_index"] = group_index
+        api = runtime_api()
         with self._lock:
             if self._closed:
                 raise HandleClosedError("this SwigluGroupQuantGradPlan was closed")
-            api = runtime_api()
-            for name, array in given.items():
-                if array is not None:
-                    self._rebind(api, name, array)
-            if self.problem.abi == 1 and group_index is not None:
-                self._regroup(group_index)
-            # Every bound array, given now or earlier, must still own its memory.
-            _check_open(**self._arrays)
-            self._executor.launch(self.stream)
+            if not (grad_y is None and x is None and weight is None and y_origin is None and group_index is None
+                    and grad_x is None and grad_weight is None):
+                self._rebind_all(api, grad_y, x, weight, y_origin, group_index, grad_x, grad_weight)
+            if self._checked_at != close_count():
+                # Something was closed since the last check: every bound array, and the stream,
+                # must still own its memory.
+                _check_open(**self._arrays)
+                self.stream.check_open("stream")
+                self._checked_at = close_count()
+            status = self._launch(*self._launch_args)
+            if status:
+                _ffi.raise_status(status, PHASE2, api.get_message)
             grad_x_array, grad_weight_array = self._arrays["grad_x"], self._arrays["grad_weight"]
             grad_x_array.pending = self.stream
             if grad_weight_array is not None:
                 grad_weight_array.pending = self.stream
         return grad_x_array, grad_weight_array
+
+    def _rebind_all(self, api, grad_y, x, weight, y_origin, group_index, grad_x, grad_weight) -> None:
+        given = {"grad_y": grad_y, "x": x, "weight": weight, "y_origin": y_origin, "grad_x": grad_x,
+                 "grad_weight": grad_weight}
+        if self.problem.abi == 2:
+            given["group_index"] = group_index
+        for name, array in given.items():
+            if array is not None:
+                self._rebind(api, name, array)
+        if self.problem.abi == 1 and group_index is not None:
+            self._regroup(group_index)
+        self._checked_at = -1
 
     def _rebind(self, api, name: str, array: DeviceArray) -> None:
         if name not in self._layouts:
@@ -401,6 +462,8 @@ class SwigluGroupQuantGradPlan:
             old = self._executor
             self._group_values = values
             self._build_executor()
+            if self._executor.workspace_size > self._workspace_size:
+                raise ArgumentError("the new group counts need a larger workspace; build another plan")
             old.close()
 
     def close(self) -> None:
@@ -421,6 +484,8 @@ class SwigluGroupQuantGradPlan:
                     tensor.close()
                 for array in self._owned_outputs:
                     array.close()
+                if self._workspace is not None:
+                    self._workspace.close()
 
     @property
     def closed(self) -> bool:

@@ -107,6 +107,7 @@ class _Runtime:
         return finalizer
 
     def _release(self, key: int, release: Callable[[], None]) -> None:
+        _closes[0] += 1
         with self.lock:
             self.owned.pop(key, None)
             usable = self.initialized and not self.shut_down and self.pid == os.getpid()
@@ -138,6 +139,14 @@ class _Runtime:
         self.lock = threading.RLock()
         self.local = threading.local()
         self.owned = {}
+
+
+# Bumped whenever an owned handle is released, so hot paths re-check their arrays only then.
+_closes = [0]
+
+
+def close_count() -> int:
+    return _closes[0]
 
 
 _runtime = _Runtime()
@@ -196,6 +205,8 @@ class Owned:
         """Frees the native handle now (only the owner frees; a borrowed one is just dropped)."""
         if self._finalizer is not None:
             self._finalizer()
+        elif self._handle is not None:
+            _closes[0] += 1
         self._handle = None
 
     def __enter__(self):
@@ -247,8 +258,21 @@ class Stream(Owned):
         return ctypes.cast(self._as_parameter_, ctypes.c_void_p).value or 0
 
     def synchronize(self) -> None:
-        self.check_open()
-        runtime_api().aclrtSynchronizeStream(self)
+        """Waits for the work queued on this stream; raises its error if one failed."""
+        if self._handle is None:
+            self.check_open()
+        api = runtime_api()
+        status = api.hot.aclrtSynchronizeStream(self._address)
+        if status:
+            _ffi.raise_status(status, "aclrtSynchronizeStream", api.get_message)
+
+    @property
+    def _address(self) -> ctypes.c_void_p:
+        """The handle as a c_void_p, for the unprototyped hot-path calls."""
+        address = self.__dict__.get("_cached_address")
+        if address is None:
+            address = self._cached_address = ctypes.c_void_p(self.handle or None)
+        return address
 
     def run_with_workspace(self, nbytes: int, launch: Callable[[Optional[int]], object]):
         """Calls launch(workspace address or None) with at least nbytes of workspace from this
