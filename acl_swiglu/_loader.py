@@ -89,8 +89,19 @@ def requested_backend() -> str:
     return value
 
 
+# os.environ encodes the key on every lookup; its bytes mapping (POSIX CPython) does not.
+_ENVIRON_BYTES = getattr(os.environ, "_data", None)
+_ABI_KEY = ENV_ABI.encode()
+
+
 def abi_revision() -> int:
     """The operator ABI revision in use: ACL_SWIGLU_ABI, 2 by default (SPEC section 1)."""
+    if _ENVIRON_BYTES is not None and isinstance(_ENVIRON_BYTES, dict):
+        raw = _ENVIRON_BYTES.get(_ABI_KEY)
+        if raw is None or raw == b"2":
+            return 2
+        if raw == b"1":
+            return 1
     value = os.environ.get(ENV_ABI, "").strip()
     if value in ("", "2"):
         return 2

@@ -2,13 +2,14 @@
 made with the raw C functions and released in reverse order when the call ends, success or not.
 
 The one-shot call uses this instead of the owned Python objects of runtime.py: it frees
-everything before it returns, so per-object finalizers would only add cost.
+everything before it returns, so per-object finalizers would only add cost. All of a call's
+device memory is one allocation (an arena), each array at a 64-byte aligned offset in it.
 """
 
 from __future__ import annotations
 
 import ctypes
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -18,6 +19,10 @@ from ._dtypes import ACL_FORMAT_ND, acl_dtype
 ACL_MEM_MALLOC_HUGE_FIRST = 0
 MEMCPY_HOST_TO_DEVICE = 1
 MEMCPY_DEVICE_TO_HOST = 2
+ALIGNMENT = 64   # CANN wants 32-byte aligned tensor addresses
+
+_Int64Array = ctypes.c_int64 * 1
+_dims_cache: Dict[tuple, ctypes.Array] = {}
 
 
 def check(api, status: int, name: str) -> None:
@@ -25,19 +30,58 @@ def check(api, status: int, name: str) -> None:
         _ffi.raise_status(status, name, api.get_message)
 
 
+def _int64s(values: tuple) -> ctypes.Array:
+    """A C int64 array of `values`, shared between calls (CANN copies dims, never writes them)."""
+    array = _dims_cache.get(values)
+    if array is None:
+        if len(_dims_cache) > 4096:
+            _dims_cache.clear()
+        array = _dims_cache[values] = (ctypes.c_int64 * max(len(values), 1))(*values)
+    return array
+
+
+_strides_cache: Dict[tuple, Tuple[int, ...]] = {}
+
+
+def contiguous_strides(shape: Sequence[int]) -> Tuple[int, ...]:
+    shape = tuple(shape)
+    strides = _strides_cache.get(shape)
+    if strides is None:
+        out, step = [], 1
+        for dim in reversed(shape):
+            out.append(step)
+            step *= max(int(dim), 1)
+        strides = tuple(reversed(out))
+        if len(_strides_cache) > 4096:
+            _strides_cache.clear()
+        _strides_cache[shape] = strides
+    return strides
+
+
+class Staged:
+    """An array's place in the arena: element strides, element span and byte offset."""
+
+    __slots__ = ("array", "strides", "span", "offset")
+
+    def __init__(self, array: np.ndarray, strides: Tuple[int, ...], span: int, offset: int):
+        self.array, self.strides, self.span, self.offset = array, strides, span, offset
+
+
 class CallScratch:
     """Use as ``with CallScratch(api) as scratch:``; everything it made is released on exit.
 
-    When ``drain`` is set to a stream, that stream is synchronised before anything is freed if
-    the call fails after queuing work (queued work must not find its memory gone).
+    Stage every array first (``stage_input`` / ``stage_output``), then ``allocate()`` the arena
+    once, then ``upload`` / ``tensor_for`` them. When ``drain`` is set to a stream handle, that
+    stream is synchronised before anything is freed if the call fails after queuing work.
     """
 
-    __slots__ = ("api", "raw", "buffers", "tensors", "int_arrays", "drain")
+    __slots__ = ("api", "raw", "size", "base", "tensors", "int_arrays", "drain")
 
     def __init__(self, api):
         self.api = api
         self.raw = api.raw
-        self.buffers: List[int] = []
+        self.size = 0
+        self.base: Optional[int] = None
         self.tensors: list = []
         self.int_arrays: list = []
         self.drain = None
@@ -45,22 +89,64 @@ class CallScratch:
     def __enter__(self) -> "CallScratch":
         return self
 
-    def malloc(self, nbytes: int) -> int:
-        ptr = ctypes.c_void_p()
-        check(self.api, self.raw.aclrtMalloc(ctypes.byref(ptr), nbytes, ACL_MEM_MALLOC_HUGE_FIRST), "aclrtMalloc")
-        self.buffers.append(ptr.value)
-        return ptr.value
+    def _reserve(self, nbytes: int) -> int:
+        offset = self.size
+        self.size = offset + (nbytes + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+        return offset
 
-    def tensor(self, shape: Sequence[int], strides: Sequence[int], dtype, storage_numel: int, ptr: Optional[int]):
-        ndim = len(shape)
-        handle = self.raw.aclCreateTensor((ctypes.c_int64 * max(ndim, 1))(*shape), ndim, acl_dtype(dtype),
-                                          (ctypes.c_int64 * max(ndim, 1))(*strides), 0, ACL_FORMAT_ND,
-                                          (ctypes.c_int64 * 1)(storage_numel), 1, ptr)
+    def stage_input(self, array: np.ndarray) -> Staged:
+        """Reserves room for the bytes `array` spans, keeping its strides on the device
+        (a copy in C order when its strides are negative or not whole elements)."""
+        if array.size == 0:
+            return Staged(array, contiguous_strides(array.shape), 0, -1)
+        if array.flags.c_contiguous:
+            return Staged(array, contiguous_strides(array.shape), array.size, self._reserve(array.nbytes))
+        itemsize = array.dtype.itemsize
+        if any(s < 0 or s % itemsize for s in array.strides):
+            array = np.ascontiguousarray(array)
+        strides = tuple(s // itemsize for s in array.strides)
+        span = sum((d - 1) * s for d, s in zip(array.shape, strides)) + 1
+        return Staged(array, strides, span, self._reserve(span * itemsize))
+
+    def stage_output(self, host: np.ndarray) -> Staged:
+        if host.size == 0:
+            return Staged(host, contiguous_strides(host.shape), 0, -1)
+        return Staged(host, contiguous_strides(host.shape), host.size, self._reserve(host.nbytes))
+
+    def allocate(self) -> None:
+        if self.size:
+            ptr = ctypes.c_void_p()
+            check(self.api, self.raw.aclrtMalloc(ctypes.byref(ptr), self.size, ACL_MEM_MALLOC_HUGE_FIRST),
+                  "aclrtMalloc")
+            self.base = ptr.value
+
+    def address(self, staged: Staged) -> Optional[int]:
+        return None if staged.offset < 0 else self.base + staged.offset
+
+    def tensor_for(self, staged: Staged):
+        array = staged.array
+        handle = self.raw.aclCreateTensor(_int64s(array.shape), array.ndim, acl_dtype(array.dtype),
+                                          _int64s(staged.strides), 0, ACL_FORMAT_ND, _int64s((staged.span,)), 1,
+                                          self.address(staged))
         if not handle:
             # The checked binding turns the NULL into the right exception with the message.
             self.api.aclCreateTensor.errcheck(handle, None, None)
         self.tensors.append(handle)
         return handle
+
+    def upload(self, staged: Staged):
+        """Copies a staged input to the device; returns its tensor."""
+        if staged.offset >= 0:
+            nbytes = staged.span * staged.array.dtype.itemsize
+            check(self.api, self.raw.aclrtMemcpy(self.base + staged.offset, nbytes, staged.array.ctypes.data, nbytes,
+                                                 MEMCPY_HOST_TO_DEVICE), "aclrtMemcpy")
+        return self.tensor_for(staged)
+
+    def download(self, staged: Staged) -> None:
+        host = staged.array
+        if staged.offset >= 0:
+            check(self.api, self.raw.aclrtMemcpy(host.ctypes.data, host.nbytes, self.base + staged.offset,
+                                                 host.nbytes, MEMCPY_DEVICE_TO_HOST), "aclrtMemcpy")
 
     def int_array(self, values: np.ndarray):
         values = np.ascontiguousarray(values, dtype=np.int64)
@@ -71,57 +157,22 @@ class CallScratch:
         self.int_arrays.append(handle)
         return handle
 
-    def host_to_device(self, array: np.ndarray):
-        """A tensor over a device copy of `array`, keeping its strides (the bytes it spans are
-        copied); empty arrays get a tensor with no memory."""
-        itemsize = array.dtype.itemsize
-        if array.size == 0:
-            return self.tensor(array.shape, _contiguous(array.shape), array.dtype, 0, None)
-        strides = array.strides
-        if any(s < 0 or s % itemsize for s in strides):
-            array = np.ascontiguousarray(array)
-            strides = array.strides
-        elements = tuple(s // itemsize for s in strides)
-        span_elements = sum((d - 1) * s for d, s in zip(array.shape, elements)) + 1
-        nbytes = span_elements * itemsize
-        ptr = self.malloc(nbytes)
-        check(self.api, self.raw.aclrtMemcpy(ptr, nbytes, array.ctypes.data, nbytes, MEMCPY_HOST_TO_DEVICE),
-              "aclrtMemcpy")
-        return self.tensor(array.shape, elements, array.dtype, span_elements, ptr)
-
-    def device_output(self, host: np.ndarray):
-        """(tensor, device address) for a C-contiguous output shaped like `host`."""
-        if host.size == 0:
-            return self.tensor(host.shape, _contiguous(host.shape), host.dtype, 0, None), None
-        ptr = self.malloc(host.nbytes)
-        return self.tensor(host.shape, _contiguous(host.shape), host.dtype, host.size, ptr), ptr
-
-    def device_to_host(self, ptr: Optional[int], host: np.ndarray) -> None:
-        if ptr is not None and host.nbytes:
-            check(self.api, self.raw.aclrtMemcpy(host.ctypes.data, host.nbytes, ptr, host.nbytes,
-                                                 MEMCPY_DEVICE_TO_HOST), "aclrtMemcpy")
-
     def __exit__(self, exc_type, exc, tb) -> None:
         raw = self.raw
         if exc_type is not None and self.drain is not None:
             raw.aclrtSynchronizeStream(self.drain)   # the call's own error is the one to report
-        first = None
+        failed: List[Tuple[int, str]] = []
         for handle in reversed(self.tensors):
             status = raw.aclDestroyTensor(handle)
-            first = first or (status and (status, "aclDestroyTensor"))
+            if status:
+                failed.append((status, "aclDestroyTensor"))
         for handle in self.int_arrays:
             status = raw.aclDestroyIntArray(handle)
-            first = first or (status and (status, "aclDestroyIntArray"))
-        for ptr in reversed(self.buffers):
-            status = raw.aclrtFree(ptr)
-            first = first or (status and (status, "aclrtFree"))
-        if first and exc_type is None:
-            _ffi.raise_status(first[0], first[1], self.api.get_message)
-
-
-def _contiguous(shape: Sequence[int]):
-    strides, step = [], 1
-    for dim in reversed(shape):
-        strides.append(step)
-        step *= max(int(dim), 1)
-    return tuple(reversed(strides))
+            if status:
+                failed.append((status, "aclDestroyIntArray"))
+        if self.base is not None:
+            status = raw.aclrtFree(self.base)
+            if status:
+                failed.append((status, "aclrtFree"))
+        if failed and exc_type is None:
+            _ffi.raise_status(failed[0][0], failed[0][1], self.api.get_message)

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -14,11 +13,12 @@ from ._dtypes import IO_DTYPES, dtype_name
 from .errors import ArgumentError
 
 MAX_RANK = 8
+_F32 = np.dtype(np.float32)
+_I64 = np.dtype(np.int64)
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
-@dataclass(frozen=True)
-class Problem:
+class Problem(NamedTuple):
     """A validated call: everything phase 1 needs to know, and nothing device-specific."""
 
     abi: int
@@ -48,6 +48,8 @@ def _describe(value) -> str:
 def check_clamp_limit(clamp_limit) -> Optional[float]:
     if clamp_limit is None:
         return None
+    if type(clamp_limit) is float and 1.1754943508222875e-38 <= clamp_limit <= FLOAT32_MAX:
+        return clamp_limit   # the common case: a normal fp32-range positive float
     if isinstance(clamp_limit, (bool, np.bool_)) or not isinstance(clamp_limit, numbers.Real):
         raise TypeError(f"clamp_limit must be None (off) or a real number > 0, got {_describe(clamp_limit)}")
     try:
@@ -86,14 +88,14 @@ def validate(grad_y, x, weight, y_origin, group_index, clamp_limit, *, abi: int,
         else:
             _require(group_index, "group_index", array_types, array_text + " (int64, 1-D) or None")
 
-    dtype = np.dtype(grad_y.dtype)
+    dtype = grad_y.dtype
     if dtype not in IO_DTYPES:
         raise ArgumentError(f"grad_y has dtype {dtype_name(dtype)}; it must be float32, float16 or bfloat16")
     for name, value in (("x", x), ("y_origin", y_origin)):
-        if value is not None and np.dtype(value.dtype) != dtype:
+        if value is not None and value.dtype != dtype:
             raise ArgumentError(f"{name} has dtype {dtype_name(value.dtype)} but grad_y has {dtype_name(dtype)}; "
                                 "they must match")
-    if weight is not None and np.dtype(weight.dtype) != np.float32:
+    if weight is not None and weight.dtype != _F32:
         raise ArgumentError(f"weight has dtype {dtype_name(weight.dtype)}; it must be float32 "
                             "(convert with .astype(numpy.float32))")
 
@@ -146,7 +148,7 @@ def validate(grad_y, x, weight, y_origin, group_index, clamp_limit, *, abi: int,
                 raise ArgumentError(f"group_index must hold integers, got dtype {values.dtype}")
             group_count = values.size
         else:
-            if np.dtype(group_index.dtype) != np.int64:
+            if group_index.dtype != _I64:
                 raise ArgumentError(f"group_index has dtype {dtype_name(group_index.dtype)}; it must be int64")
             if len(group_index.shape) != 1:
                 raise ArgumentError(f"group_index must be 1-D [G], got shape {tuple(group_index.shape)}")
@@ -157,14 +159,14 @@ def validate(grad_y, x, weight, y_origin, group_index, clamp_limit, *, abi: int,
     if check_outputs:
         if grad_x is not None:
             _require(grad_x, "grad_x", array_types, array_text + " or None")
-            if tuple(grad_x.shape) != x_shape or np.dtype(grad_x.dtype) != dtype:
+            if tuple(grad_x.shape) != x_shape or grad_x.dtype != dtype:
                 raise ArgumentError(f"grad_x is {tuple(grad_x.shape)} {dtype_name(grad_x.dtype)}; it must be "
                                     f"{x_shape} {dtype_name(dtype)} like x")
         if grad_weight is not None:
             if weight is None:
                 raise ArgumentError("grad_weight is given without weight")
             _require(grad_weight, "grad_weight", array_types, array_text + " or None")
-            if tuple(grad_weight.shape) != weight_shape or np.dtype(grad_weight.dtype) != np.float32:
+            if tuple(grad_weight.shape) != weight_shape or grad_weight.dtype != _F32:
                 raise ArgumentError(f"grad_weight is {tuple(grad_weight.shape)} {dtype_name(grad_weight.dtype)}; it "
                                     f"must be {weight_shape} float32 like weight")
 

@@ -199,24 +199,23 @@ def swiglu_group_quant_grad(grad_y: np.ndarray, x: np.ndarray, weight: Optional[
     stream = _thread_stream()
     api = runtime_api()
     with CallScratch(api) as scratch:
-        t_gy, t_x = scratch.host_to_device(grad_y), scratch.host_to_device(x)
-        t_w = scratch.host_to_device(weight) if weight is not None else None
-        t_yo = scratch.host_to_device(y_origin) if y_origin is not None else None
-        if group_index is None:
-            group = None
-        elif abi == 1:
+        inputs = [scratch.stage_input(a) if a is not None else None
+                  for a in (grad_y, x, weight, y_origin, group_index if abi == 2 else None)]
+        out_x = scratch.stage_output(grad_x)
+        out_w = scratch.stage_output(grad_weight) if grad_weight is not None else None
+        scratch.allocate()
+        t_gy, t_x, t_w, t_yo, group = [scratch.upload(s) if s is not None else None for s in inputs]
+        if abi == 1 and group_index is not None:
             group = scratch.int_array(group_index)
-        else:
-            group = scratch.host_to_device(group_index)
-        t_gx, gx_ptr = scratch.device_output(grad_x)
-        t_gw, gw_ptr = scratch.device_output(grad_weight) if grad_weight is not None else (None, None)
+        t_gx = scratch.tensor_for(out_x)
+        t_gw = scratch.tensor_for(out_w) if out_w is not None else None
         executor, size = _raw_phase1(api, problem, t_gy, t_x, t_w, t_yo, group, t_gx, t_gw)
         scratch.drain = stream._as_parameter_
         _raw_launch(api, executor, size, stream)
         check(api, api.raw.aclrtSynchronizeStream(stream._as_parameter_), "aclrtSynchronizeStream")
-        scratch.device_to_host(gx_ptr, grad_x)
-        if grad_weight is not None:
-            scratch.device_to_host(gw_ptr, grad_weight)
+        scratch.download(out_x)
+        if out_w is not None:
+            scratch.download(out_w)
     return grad_x, grad_weight
 
 
