@@ -8,7 +8,7 @@
  *   device_call:   phase 1 + phase 2 on existing device buffers and tensors
  *   plan_call:     phase 2 on a repeatable executor (addresses unchanged)
  *   plan_rebind:   aclSetInputTensorAddr x2 + aclSetOutputTensorAddr x1 + phase 2 (two buffer sets)
- *   one_shot:      malloc + copy in, tensors, phase 1, phase 2, copy out, destroy, free
+ *   one_shot:      one malloc + copies in, tensors, phase 1, phase 2, copies out, destroy, free
  * Inputs: bf16 gradY/x/yOrigin, fp32 weight, INT64 groupIndex, clamp 1.0 (ABI revision 2).
  */
 #define _POSIX_C_SOURCE 200809L
@@ -169,23 +169,33 @@ int main(int argc, char **argv)
     CHECK(aclDestroyAclOpExecutor(ex));
     for (int k = 0; k < COUNT; k++) CHECK(aclDestroyTensor(pt[k]));
 
-    /* one_shot: everything from host data to host results */
+    /* one_shot: everything from host data to host results, all device memory in one
+     * allocation at 64-byte aligned offsets, as the Python one-shot call does */
     void *out_gx = malloc(p.bytes[GX]), *out_gw = malloc(p.bytes[GW]);
+    size_t offsets[COUNT], arena = 0;
+    for (int k = 0; k < COUNT; k++) {
+        offsets[k] = arena;
+        arena += (p.bytes[k] + 63) / 64 * 64;
+    }
     for (int i = 0; i < repeats; i++) {
         double t0 = now_us();
-        void *d[COUNT];
+        void *base = NULL;
         aclTensor *ot[COUNT];
-        device_buffers(&p, d);
-        for (int k = 0; k < COUNT; k++) ot[k] = tensor(&p, k, d[k]);
+        CHECK(aclrtMalloc(&base, arena, ACL_MEM_MALLOC_HUGE_FIRST));
+        for (int k = 0; k < COUNT; k++) {
+            void *d = (char *)base + offsets[k];
+            if (k < GX) {
+                CHECK(aclrtMemcpy(d, p.bytes[k], p.host[k], p.bytes[k], ACL_MEMCPY_HOST_TO_DEVICE));
+            }
+            ot[k] = tensor(&p, k, d);
+        }
         CHECK(phase1(ot, &ws, &ex));
         CHECK(aclnnSwigluGroupQuantGrad(workspace, ws, ex, stream));
         CHECK(aclrtSynchronizeStream(stream));
-        CHECK(aclrtMemcpy(out_gx, p.bytes[GX], d[GX], p.bytes[GX], ACL_MEMCPY_DEVICE_TO_HOST));
-        CHECK(aclrtMemcpy(out_gw, p.bytes[GW], d[GW], p.bytes[GW], ACL_MEMCPY_DEVICE_TO_HOST));
-        for (int k = 0; k < COUNT; k++) {
-            CHECK(aclDestroyTensor(ot[k]));
-            CHECK(aclrtFree(d[k]));
-        }
+        CHECK(aclrtMemcpy(out_gx, p.bytes[GX], (char *)base + offsets[GX], p.bytes[GX], ACL_MEMCPY_DEVICE_TO_HOST));
+        CHECK(aclrtMemcpy(out_gw, p.bytes[GW], (char *)base + offsets[GW], p.bytes[GW], ACL_MEMCPY_DEVICE_TO_HOST));
+        for (int k = COUNT - 1; k >= 0; k--) CHECK(aclDestroyTensor(ot[k]));
+        CHECK(aclrtFree(base));
         samples[i] = now_us() - t0;
     }
     report("one_shot", samples, repeats, 1);

@@ -1,0 +1,146 @@
+"""Host overhead of the binding: microseconds per call of the one-shot NumPy call, the
+device-level call and a plan call (each until results are ready, i.e. with synchronisation),
+beside the C driver making the same ACL calls against the same emulator libraries.
+
+    python benchmarks/host_overhead.py [--quick] [--json]
+
+Rounds alternate C and Python so that both see the same machine load; each figure is the median
+over rounds of per-round medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import BUILD, build_native, emulator_env, run_json, table, verdict  # noqa: E402
+
+SIZES = ((1, 16), (64, 256), (512, 512))
+SCENARIOS = ("one_shot", "device_call", "plan_call", "plan_rebind")
+PLAN_RATIO_TARGET = 2.0          # plan call: at most 2x the C driver (tiny shape)
+DEVICE_CALL_TARGET_US = 25.0     # one-shot device-level call: at most 25 us of host time (tiny shape)
+
+
+def python_side(rows: int, hidden: int, repeats: int) -> dict:
+    """Runs in a child: the same scenarios as benchmarks/c/host_overhead.c, in Python."""
+    import ml_dtypes
+    import numpy as np
+
+    import acl_swiglu as acl
+    from _common import median_us, time_calls
+
+    bf16 = ml_dtypes.bfloat16
+    grad_y = np.full((rows, hidden), 1.0, bf16)
+    x = np.where(np.arange(2 * rows * hidden).reshape(rows, 2 * hidden) % 3, 1.0, -1.0).astype(bf16)
+    weight = np.full((rows, 1), 0.5, np.float32)
+    y_origin = np.full((rows, hidden), 0.5, bf16)
+    groups = np.array([rows // 2, rows - rows // 2], np.int64)
+    stream = acl.Stream()
+    arrays = [acl.to_device(a) for a in (grad_y, x, weight, y_origin, groups)]
+    second = [acl.to_device(a) for a in (grad_y, x)]
+    grad_x = acl.DeviceArray.empty(x.shape, bf16)
+    grad_x2 = acl.DeviceArray.empty(x.shape, bf16)
+    grad_weight = acl.DeviceArray.empty(weight.shape, np.float32)
+    results = {}
+    try:
+        results["one_shot"] = median_us(time_calls(
+            lambda: acl.swiglu_group_quant_grad(grad_y, x, weight, y_origin, groups, 1.0), repeats))
+
+        def device_call():
+            acl.swiglu_group_quant_grad_device(*arrays, 1.0, grad_x=grad_x, grad_weight=grad_weight, stream=stream)
+            stream.synchronize()
+
+        results["device_call"] = median_us(time_calls(device_call, repeats))
+        with acl.SwigluGroupQuantGradPlan(*arrays, 1.0, grad_x=grad_x, grad_weight=grad_weight,
+                                          stream=stream) as plan:
+            def plan_call():
+                plan()
+                stream.synchronize()
+
+            results["plan_call"] = median_us(time_calls(plan_call, repeats))
+            sets = [(arrays[0], arrays[1], grad_x), (second[0], second[1], grad_x2)]
+            state = [0]
+
+            def plan_rebind():
+                gy, xx, gx = sets[state[0] & 1]
+                state[0] += 1
+                plan(gy, xx, grad_x=gx)
+                stream.synchronize()
+
+            results["plan_rebind"] = median_us(time_calls(plan_rebind, repeats))
+    finally:
+        for array in arrays + second + [grad_x, grad_x2, grad_weight]:
+            array.close()
+        stream.close()
+    return results
+
+
+def measure(quick: bool) -> dict:
+    build = build_native()
+    driver = str(BUILD / "benchmarks" / "c" / "host_overhead")
+    rounds = 3 if quick else 5
+    results = {}
+    for rows, hidden in SIZES:
+        repeats = 300 if quick else 2000
+        if rows * hidden > 100000:
+            repeats //= 4
+        c_rounds, py_rounds = [], []
+        for _ in range(rounds):
+            c = run_json([driver, str(rows), str(hidden), str(repeats)])
+            c_rounds.append({k: v["median_us"] for k, v in c.items()})
+            py_rounds.append(run_json([sys.executable, __file__, "--child", str(rows), str(hidden), str(repeats)],
+                                      env=emulator_env(build)))
+        size = f"T={rows} H={hidden}"
+        results[size] = {
+            scenario: {"python_us": statistics.median(r[scenario] for r in py_rounds),
+                       "c_us": statistics.median(r[scenario] for r in c_rounds)}
+            for scenario in SCENARIOS
+        }
+        for figures in results[size].values():
+            figures["ratio"] = figures["python_us"] / figures["c_us"]
+    tiny = results[f"T={SIZES[0][0]} H={SIZES[0][1]}"]
+    targets = {
+        "plan_call_ratio": {"value": tiny["plan_call"]["ratio"], "target": f"<= {PLAN_RATIO_TARGET}x C",
+                            "met": tiny["plan_call"]["ratio"] <= PLAN_RATIO_TARGET},
+        "device_call_us": {"value": tiny["device_call"]["python_us"], "target": f"<= {DEVICE_CALL_TARGET_US} us",
+                           "met": tiny["device_call"]["python_us"] <= DEVICE_CALL_TARGET_US},
+    }
+    return {"sizes": results, "targets": targets}
+
+
+def report(data: dict) -> str:
+    rows = []
+    for size, scenarios in data["sizes"].items():
+        for name, f in scenarios.items():
+            rows.append([size, name, f"{f['python_us']:.1f}", f"{f['c_us']:.1f}", f"{f['ratio']:.2f}x"])
+    lines = ["Host overhead per call, with synchronisation (median microseconds; Python vs C, same libraries)",
+             table(["size", "call", "Python us", "C us", "Python / C"], rows), ""]
+    t = data["targets"]
+    lines.append(f"target plan call (tiny): {t['plan_call_ratio']['value']:.2f}x C, {t['plan_call_ratio']['target']}: "
+                 f"{verdict(t['plan_call_ratio']['met'])}")
+    lines.append(f"target device-level call (tiny): {t['device_call_us']['value']:.1f} us, "
+                 f"{t['device_call_us']['target']}: {verdict(t['device_call_us']['met'])}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer rounds and calls")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--child", nargs=3, type=int, metavar=("T", "H", "REPEATS"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(python_side(*args.child)))
+        return 0
+    data = measure(args.quick)
+    print(json.dumps(data, indent=2) if args.json else report(data))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
