@@ -50,6 +50,8 @@ class BackendInfo:
     operator: str                 # path of the library exporting the operator
     searched: Tuple[str, ...] = field(default_factory=tuple)
     emulator_version: Optional[str] = None
+    header: Optional[str] = None          # the operator header found beside the libraries
+    header_abi: Optional[int] = None      # the ABI revision that header declares
 
     @property
     def abi(self) -> int:
@@ -65,6 +67,8 @@ class BackendInfo:
             "meta": self.meta,
             "operator": self.operator,
             "emulator_version": self.emulator_version,
+            "header": self.header,
+            "header_abi": self.header_abi,
             "searched": list(self.searched),
         }
 
@@ -77,6 +81,8 @@ class BackendInfo:
         lines.append(f"  runtime:  {self.runtime}")
         lines.append(f"  meta:     {self.meta}")
         lines.append(f"  operator: {self.operator}")
+        if self.header:
+            lines.append(f"  header:   {self.header} (declares ABI revision {self.header_abi})")
         return "\n".join(lines)
 
 
@@ -158,6 +164,44 @@ def custom_operator_dirs(environ=os.environ) -> List[str]:
     if opp:
         dirs.extend(sorted(glob.glob(os.path.join(opp, "vendors", "*", "op_api", "lib"))))
     return dirs
+
+
+HEADER_NAME = "aclnn_swiglu_group_quant_grad.h"
+
+
+def header_abi(path: str) -> Optional[int]:
+    """The ABI revision an operator header declares: 1 when groupIndex is an aclIntArray,
+    2 when it is an aclTensor; None when the header does not say."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            text = handle.read()
+    except OSError:
+        return None
+    start = text.find("aclnnSwigluGroupQuantGradGetWorkspaceSize(")
+    if start < 0:
+        return None
+    prototype = text[start:text.find(")", start)]
+    group = [part for part in prototype.split(",") if "groupIndex" in part]
+    if not group:
+        return None
+    if "aclIntArray" in group[0]:
+        return 1
+    if "aclTensor" in group[0]:
+        return 2
+    return None
+
+
+def find_operator_header(root: Optional[str], operator_path: str) -> Optional[str]:
+    """The operator's header in a CANN root or beside a custom operator library, if any."""
+    candidates = []
+    if root:
+        arch = platform.machine() or "x86_64"
+        candidates += [os.path.join(root, "include", "aclnnop", HEADER_NAME),
+                       os.path.join(root, f"{arch}-linux", "include", "aclnnop", HEADER_NAME),
+                       os.path.join(root, "include", "aclnnop", "level2", HEADER_NAME)]
+    op_dir = os.path.dirname(os.path.dirname(operator_path))   # .../op_api/lib -> .../op_api
+    candidates += [os.path.join(op_dir, "include", HEADER_NAME), os.path.join(op_dir, "include", "aclnnop", HEADER_NAME)]
+    return next((c for c in candidates if os.path.isfile(c)), None)
 
 
 def _first_existing(names: Sequence[str], dirs: Sequence[str], searched: List[str]) -> Optional[str]:
@@ -248,6 +292,7 @@ def _load_root(root: str, dirs: List[str], requested: str, searched: List[str],
             + "\n  ".join(checked) + f"\n{_FIX}"
         )
     version = _emulator_version(runtime)
+    header = None if version else find_operator_header(root, operator_path)
     info = BackendInfo(
         backend="emulator" if version else "cann",
         requested=requested,
@@ -257,8 +302,26 @@ def _load_root(root: str, dirs: List[str], requested: str, searched: List[str],
         operator=operator_path,
         searched=tuple(searched),
         emulator_version=version,
+        header=header,
+        header_abi=header_abi(header) if header else None,
     )
+    _warn_abi_mismatch(info)
     return Libraries(runtime, meta, operator, info)
+
+
+def _warn_abi_mismatch(info: BackendInfo) -> None:
+    """A CANN whose header declares another revision than ACL_SWIGLU_ABI would be called wrongly."""
+    try:
+        chosen = abi_revision()
+    except ConfigurationError:
+        return
+    if info.header_abi is not None and info.header_abi != chosen:
+        warnings.warn(
+            f"acl_swiglu: {info.header} declares ABI revision {info.header_abi} but ACL_SWIGLU_ABI selects "
+            f"{chosen}; set ACL_SWIGLU_ABI={info.header_abi} to call this CANN correctly.",
+            RuntimeWarning,
+            stacklevel=4,
+        )
 
 
 def _load_cann(roots: List[Tuple[str, List[str]]], requested: str) -> Libraries:

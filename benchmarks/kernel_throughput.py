@@ -1,0 +1,171 @@
+"""The emulator kernel: bytes moved per second beside this machine's memory copy bandwidth
+(aclrtMemcpy device-to-device of as many bytes, measured in the same run), speed-up over the
+NumPy reference on the same inputs, scaling from 1 to 2 threads, and a check that the
+vectorised kernel writes the same bytes as the scalar reference kernel.
+
+    python benchmarks/kernel_throughput.py [--quick] [--json]
+
+Bytes moved count every byte read (gradY, x, and with weight yOrigin and weight) and written
+(gradX, and gradWeight); a copy of N bytes moves 2N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import build_native, emulator_env, run_json, table, verdict  # noqa: E402
+
+SIZES = ((1024, 1024), (4096, 2048), (8192, 4096))
+QUICK_SIZES = ((256, 512), (1024, 1024), (2048, 2048))
+TARGET_FRACTION = 0.40   # bf16 with weight and clamp at the largest size: >= 40% of memcpy bandwidth
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def child(quick: bool) -> dict:
+    import ml_dtypes
+    import numpy as np
+
+    import acl_swiglu as acl
+    from acl_swiglu import emulator, reference
+    from _common import make_inputs
+
+    dtypes = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+    sizes = QUICK_SIZES if quick else SIZES
+    reps = 3
+    api = acl.runtime.runtime_api()
+    stream = acl.Stream()
+    out = {"sizes": [], "scaling": {}, "identical": {}}
+
+    def kernel_seconds(plan, reps):
+        plan()
+        stream.synchronize()
+        best = float("inf")
+        for _ in range(reps):
+            start = time.perf_counter()
+            plan()
+            stream.synchronize()
+            best = min(best, time.perf_counter() - start)
+        return best
+
+    def copy_seconds(src, dst, nbytes, reps):
+        best = float("inf")
+        for _ in range(reps):
+            start = time.perf_counter()
+            api.aclrtMemcpy(dst.ptr, nbytes, src.ptr, nbytes, 3)
+            best = min(best, time.perf_counter() - start)
+        return best
+
+    for size_index, (rows, hidden) in enumerate(sizes):
+        largest = size_index == len(sizes) - 1
+        for name in DTYPES:
+            for options in ("plain", "weight+clamp"):
+                with_weight = options != "plain"
+                clamp = 1.0 if with_weight else None
+                gy, x, w, yo = make_inputs(rows, hidden, dtypes[name], with_weight)
+                moved = gy.nbytes + 2 * x.nbytes + (yo.nbytes + 2 * w.nbytes if with_weight else 0)
+                arrays = [acl.to_device(a) if a is not None else None for a in (gy, x, w, yo)]
+                half = moved // 2
+                src, dst = acl.DeviceBuffer(half), acl.DeviceBuffer(half)
+                try:
+                    with acl.SwigluGroupQuantGradPlan(*arrays, None, clamp, stream=stream) as plan:
+                        copy_seconds(src, dst, half, 1)
+                        kernel = copy = float("inf")
+                        for _ in range(reps):   # interleaved, so both see the same machine load
+                            kernel = min(kernel, kernel_seconds(plan, 1))
+                            copy = min(copy, copy_seconds(src, dst, half, 1))
+                        entry = {"rows": rows, "hidden": hidden, "dtype": name, "options": options,
+                                 "bytes_moved": moved, "kernel_s": kernel, "kernel_gbs": moved / kernel / 1e9,
+                                 "memcpy_gbs": 2 * half / copy / 1e9}
+                        entry["fraction_of_memcpy"] = entry["kernel_gbs"] / entry["memcpy_gbs"]
+                        # The reference on every config of the middle size, and the target config of the largest.
+                        run_reference = (size_index == 1) or (largest and name == "bfloat16" and with_weight)
+                        if run_reference:
+                            start = time.perf_counter()
+                            reference.swiglu_group_quant_grad(gy, x, w, yo, None, clamp)
+                            entry["reference_s"] = time.perf_counter() - start
+                            entry["speedup_over_reference"] = entry["reference_s"] / kernel
+                        if largest and name == "bfloat16" and with_weight:
+                            for threads in (1, 2):
+                                emulator.set_threads(threads)
+                                out["scaling"][str(threads)] = kernel_seconds(plan, reps)
+                            emulator.set_threads(0)
+                            # Same bytes from the scalar reference kernel and from 1 or 2 threads.
+                            grad_x = plan.grad_x.to_numpy().view(np.uint16)
+                            emulator.set_kernel_variant("scalar")
+                            plan()
+                            scalar = plan.grad_x.to_numpy().view(np.uint16)
+                            emulator.set_kernel_variant("vector")
+                            emulator.set_threads(1)
+                            plan()
+                            one_thread = plan.grad_x.to_numpy().view(np.uint16)
+                            emulator.set_threads(0)
+                            out["identical"] = {"scalar_vs_vector": bool(np.array_equal(grad_x, scalar)),
+                                                "one_vs_two_threads": bool(np.array_equal(grad_x, one_thread))}
+                        out["sizes"].append(entry)
+                finally:
+                    for a in arrays:
+                        if a is not None:
+                            a.close()
+                    src.close()
+                    dst.close()
+    stream.close()
+    return out
+
+
+def measure(quick: bool) -> dict:
+    build = build_native()
+    data = run_json([sys.executable, __file__, "--child"] + (["--quick"] if quick else []), env=emulator_env(build))
+    largest = max(e["rows"] * e["hidden"] for e in data["sizes"])
+    target = next(e for e in data["sizes"] if e["rows"] * e["hidden"] == largest
+                  and e["dtype"] == "bfloat16" and e["options"] == "weight+clamp")
+    data["targets"] = {
+        "bf16_weight_clamp_fraction": {"value": target["fraction_of_memcpy"],
+                                       "target": f">= {TARGET_FRACTION:.0%} of memcpy bandwidth",
+                                       "met": target["fraction_of_memcpy"] >= TARGET_FRACTION},
+        "identical_bytes": {"value": data["identical"], "target": "scalar == vector, 1 thread == 2 threads",
+                            "met": all(data["identical"].values())},
+    }
+    return data
+
+
+def report(data: dict) -> str:
+    rows = []
+    for e in data["sizes"]:
+        rows.append([f"T={e['rows']} H={e['hidden']}", e["dtype"], e["options"], f"{e['kernel_s'] * 1e3:.1f}",
+                     f"{e['kernel_gbs']:.2f}", f"{e['memcpy_gbs']:.2f}", f"{e['fraction_of_memcpy']:.0%}",
+                     f"{e['speedup_over_reference']:.1f}x" if "speedup_over_reference" in e else "-"])
+    lines = ["Emulator kernel (plan call + synchronize; bytes moved per second beside memcpy in the same run)",
+             table(["size", "dtype", "options", "ms", "GB/s", "memcpy GB/s", "of memcpy", "vs reference"], rows), ""]
+    s = data["scaling"]
+    lines.append(f"threads (largest size, bf16, weight+clamp): 1 thread {s['1'] * 1e3:.1f} ms, 2 threads "
+                 f"{s['2'] * 1e3:.1f} ms, speed-up {s['1'] / s['2']:.2f}x")
+    t = data["targets"]
+    lines.append(f"target bf16 weight+clamp, largest size: {t['bf16_weight_clamp_fraction']['value']:.0%} of memcpy, "
+                 f"{t['bf16_weight_clamp_fraction']['target']}: {verdict(t['bf16_weight_clamp_fraction']['met'])}")
+    lines.append(f"target identical bytes ({t['identical_bytes']['target']}): {t['identical_bytes']['value']}: "
+                 f"{verdict(t['identical_bytes']['met'])}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args.quick)))
+        return 0
+    data = measure(args.quick)
+    print(json.dumps(data, indent=2) if args.json else report(data))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""The NumPy reference: time and peak traced memory (tracemalloc) at growing sizes up to
+T=16384, H=4096 bf16 with weight, y_origin and clamp, beside the emulator kernel on the same
+inputs (plan call + synchronize).
+
+    python benchmarks/reference_cost.py [--quick] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import build_native, emulator_env, run_json, table, verdict  # noqa: E402
+
+SIZES = ((4096, 4096), (8192, 4096), (16384, 4096))
+QUICK_SIZES = ((512, 1024), (1024, 1024), (2048, 1024))
+TIME_TARGET = 10.0     # reference within 10x of the emulator kernel's time
+MEMORY_TARGET = 3.0    # peak within 3x of the inputs' size
+
+
+def child(quick: bool) -> dict:
+    import ml_dtypes
+
+    import acl_swiglu as acl
+    from acl_swiglu import reference
+    from _common import make_inputs
+
+    out = []
+    stream = acl.Stream()
+    for rows, hidden in (QUICK_SIZES if quick else SIZES):
+        gy, x, w, yo = make_inputs(rows, hidden, ml_dtypes.bfloat16, True)
+        input_bytes = gy.nbytes + x.nbytes + w.nbytes + yo.nbytes
+        output_bytes = 8 * (x.size + w.size)   # the reference returns float64
+        tracemalloc.start()
+        start = time.perf_counter()
+        grad_x, grad_weight = reference.swiglu_group_quant_grad(gy, x, w, yo, None, 1.0)
+        seconds = time.perf_counter() - start
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        del grad_x, grad_weight
+        arrays = [acl.to_device(a) for a in (gy, x, w, yo)]
+        try:
+            with acl.SwigluGroupQuantGradPlan(*arrays, None, 1.0, stream=stream) as plan:
+                plan()
+                stream.synchronize()
+                kernel = float("inf")
+                for _ in range(3):
+                    t0 = time.perf_counter()
+                    plan()
+                    stream.synchronize()
+                    kernel = min(kernel, time.perf_counter() - t0)
+        finally:
+            for a in arrays:
+                a.close()
+        out.append({"rows": rows, "hidden": hidden, "reference_s": seconds, "kernel_s": kernel,
+                    "ratio": seconds / kernel, "input_bytes": input_bytes, "output_bytes": output_bytes,
+                    "peak_bytes": peak, "peak_over_inputs": peak / input_bytes,
+                    "peak_beyond_outputs": peak - output_bytes})
+    stream.close()
+    return {"sizes": out}
+
+
+def measure(quick: bool) -> dict:
+    build = build_native()
+    data = run_json([sys.executable, __file__, "--child"] + (["--quick"] if quick else []), env=emulator_env(build))
+    largest = data["sizes"][-1]
+    data["targets"] = {
+        "time_vs_kernel": {"value": largest["ratio"], "target": f"<= {TIME_TARGET:.0f}x the kernel",
+                           "met": largest["ratio"] <= TIME_TARGET},
+        "peak_memory": {"value": largest["peak_over_inputs"], "target": f"<= {MEMORY_TARGET:.0f}x the inputs",
+                        "met": largest["peak_over_inputs"] <= MEMORY_TARGET},
+    }
+    return data
+
+
+def report(data: dict) -> str:
+    rows = [[f"T={e['rows']} H={e['hidden']}", f"{e['reference_s']:.2f}", f"{e['kernel_s'] * 1e3:.1f}",
+             f"{e['ratio']:.1f}x", f"{e['input_bytes'] / 2**20:.0f}", f"{e['peak_bytes'] / 2**20:.0f}",
+             f"{e['peak_over_inputs']:.2f}x"] for e in data["sizes"]]
+    lines = ["NumPy reference, bf16 with weight, y_origin and clamp (float64 outputs included in the peak)",
+             table(["size", "reference s", "kernel ms", "reference / kernel", "inputs MiB", "peak MiB",
+                    "peak / inputs"], rows), ""]
+    t = data["targets"]
+    lines.append(f"target time (largest): {t['time_vs_kernel']['value']:.1f}x the kernel, {t['time_vs_kernel']['target']}: "
+                 f"{verdict(t['time_vs_kernel']['met'])}")
+    lines.append(f"target memory (largest): {t['peak_memory']['value']:.2f}x the inputs, {t['peak_memory']['target']}: "
+                 f"{verdict(t['peak_memory']['met'])}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args.quick)))
+        return 0
+    data = measure(args.quick)
+    print(json.dumps(data, indent=2) if args.json else report(data))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

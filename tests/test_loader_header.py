@@ -1,0 +1,68 @@
+"""Which ABI revision a CANN's operator header declares, and the warning when ACL_SWIGLU_ABI
+disagrees with it (pure functions of the loader: nothing is loaded here)."""
+
+import os
+import platform
+import warnings
+
+import pytest
+
+from acl_swiglu import _loader
+from acl_swiglu._loader import BackendInfo, find_operator_header, header_abi
+
+REVISION_1 = """aclnnStatus aclnnSwigluGroupQuantGradGetWorkspaceSize(
+    const aclTensor *gradY, const aclTensor *x, const aclTensor *weightOptional,
+    const aclTensor *yOriginOptional, const aclIntArray *groupIndexOptional, double clampLimit,
+    const aclTensor *gradXOut, const aclTensor *gradWeightOutOptional, uint64_t *workspaceSize,
+    aclOpExecutor **executor);
+"""
+REVISION_2 = REVISION_1.replace("const aclIntArray *groupIndexOptional", "const aclTensor *groupIndexOptional")
+
+
+def _write(path, text):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as handle:
+        handle.write(text)
+    return str(path)
+
+
+def test_header_abi_reads_the_group_index_type(tmp_path):
+    assert header_abi(_write(tmp_path / "r1.h", REVISION_1)) == 1
+    assert header_abi(_write(tmp_path / "r2.h", REVISION_2)) == 2
+    assert header_abi(_write(tmp_path / "other.h", "int unrelated(void);")) is None
+    assert header_abi(str(tmp_path / "missing.h")) is None
+
+
+def test_the_project_header_is_revision_2():
+    root = os.path.join(os.path.dirname(__file__), "..", "native", "include", "aclnnop", _loader.HEADER_NAME)
+    assert header_abi(root) == 2
+
+
+def test_header_found_in_root_arch_dir_or_beside_a_custom_operator(tmp_path):
+    root = tmp_path / "cann"
+    operator = str(root / "lib64" / "libopapi.so")
+    assert find_operator_header(str(root), operator) is None
+    arch = _write(root / f"{platform.machine()}-linux" / "include" / "aclnnop" / _loader.HEADER_NAME, REVISION_1)
+    assert find_operator_header(str(root), operator) == arch
+    direct = _write(root / "include" / "aclnnop" / _loader.HEADER_NAME, REVISION_2)
+    assert find_operator_header(str(root), operator) == direct
+    custom = tmp_path / "vendors" / "mine" / "op_api"
+    custom_header = _write(custom / "include" / _loader.HEADER_NAME, REVISION_1)
+    assert find_operator_header(None, str(custom / "lib" / "libcust_opapi.so")) == custom_header
+
+
+def _info(header, header_revision):
+    return BackendInfo("cann", "auto", "/r", "/r/lib64/libascendcl.so", "/r/lib64/libnnopbase.so",
+                       "/r/lib64/libopapi.so", (), None, header, header_revision)
+
+
+def test_mismatch_between_header_and_setting_warns(monkeypatch):
+    monkeypatch.delenv("ACL_SWIGLU_ABI", raising=False)
+    with pytest.warns(RuntimeWarning, match="ACL_SWIGLU_ABI=1"):
+        _loader._warn_abi_mismatch(_info("/r/include/aclnnop/h.h", 1))
+    monkeypatch.setenv("ACL_SWIGLU_ABI", "1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _loader._warn_abi_mismatch(_info("/r/include/aclnnop/h.h", 1))   # agrees: silent
+        _loader._warn_abi_mismatch(_info(None, None))                    # no header: silent
+    assert "declares ABI revision 1" in str(_info("/r/h.h", 1))
