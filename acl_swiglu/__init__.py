@@ -16,6 +16,7 @@ from .errors import (
     ArgumentError,
     ConfigurationError,
     HandleClosedError,
+    HostMemoryError,
     LibraryNotFoundError,
 )
 from .op import (
@@ -33,7 +34,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AclError", "AclInternalError", "AclParameterError", "AclResourceError", "AclRuntimeFailure", "AclSwigluError",
     "ArgumentError", "BackendInfo", "ConfigurationError", "DeviceArray", "DeviceBuffer", "Executor",
-    "HandleClosedError", "LibraryNotFoundError", "Stream", "SwigluGroupQuantGradPlan", "abi_revision",
+    "HandleClosedError", "HostMemoryError", "LibraryNotFoundError", "Stream", "SwigluGroupQuantGradPlan", "abi_revision",
     "backend_info", "bfloat16", "default_stream", "get_workspace_size", "release_cached", "set_device", "swiglu_group_quant_grad",
     "swiglu_group_quant_grad_device", "synchronize_device", "to_device",
 ]

@@ -99,9 +99,12 @@ def _recent_message(get_message) -> str:
     return text.decode("utf-8", "replace") if text else ""
 
 
-def raise_status(code: int, api: str, get_message) -> None:
-    """Raises the exception for a failed call; call it on the failing thread, right away."""
-    raise error_class(code)(code, api, _recent_message(get_message))
+def raise_status(code: int, api: str, get_message, describe_arguments=None) -> None:
+    """Raises the exception for a failed call; call it on the failing thread, right away.
+    `describe_arguments(message)` may say which Python arguments the message's names are."""
+    message = _recent_message(get_message)
+    arguments = describe_arguments(message) if describe_arguments else ""
+    raise error_class(code)(code, api, message, arguments)
 
 
 def _status_checker(api: str, get_message):

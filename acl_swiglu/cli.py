@@ -3,7 +3,7 @@ NumPy reference. Options change the shapes, data, options, backend and ABI; --re
 phases; --json prints everything as one JSON object.
 
 Exit status: 0 the check passed (or was skipped with --no-check), 1 the check failed, 2 bad
-options, 3 the libraries or an ACL call failed.
+options, 3 the libraries or an ACL call failed, 4 an internal error (a bug: please report it).
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ from typing import List, Optional
 
 import numpy as np
 
-EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE, EXIT_ACL = 0, 1, 2, 3
+EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE, EXIT_ACL, EXIT_INTERNAL = 0, 1, 2, 3, 4
+EXIT_BROKEN_PIPE = 141   # the reader went away (e.g. `| head`), as a shell reports SIGPIPE
+INT64_MAX = 2**63 - 1
 SHOWN = 10
 
 
@@ -43,15 +45,20 @@ def _non_negative_int(text: str) -> int:
 
 
 def _clamp(text: str) -> Optional[float]:
+    from ._validate import check_clamp_limit
+    from .errors import ArgumentError
+
     if text.lower() in ("none", "off"):
         return None
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number (or 'none')") from None
-    if not np.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, or 'none' for off; got {text}")
-    return value
+    try:
+        return check_clamp_limit(value)   # the API's rules: finite, > 0, a non-zero float32
+    except ArgumentError:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0 within float32 range (not rounding "
+                                         f"to 0), or 'none' for off; got {text}") from None
 
 
 NO_GROUPS = "none"
@@ -63,9 +70,12 @@ def _groups(text: str):
     if text.strip() == "":
         return []
     try:
-        return [int(part) for part in text.split(",")]
+        counts = [int(part) for part in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of ints (or 'none')") from None
+    if any(not -INT64_MAX - 1 <= c <= INT64_MAX for c in counts):
+        raise argparse.ArgumentTypeError(f"{text!r} has a count outside int64")
+    return counts
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -86,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="per-group token counts, or 'none' (default: two halves of all rows, "
                              "256,256 for 512 rows)")
     parser.add_argument("--random", action="store_true", help="normal random data instead of the example's patterns")
-    parser.add_argument("--seed", type=int, default=0, help="random seed for --random (default 0)")
+    parser.add_argument("--seed", type=_non_negative_int, default=0, help="random seed for --random (default 0)")
     parser.add_argument("--abi", choices=("1", "2"), default=None,
                         help="operator ABI revision (default: ACL_SWIGLU_ABI, else 2)")
     parser.add_argument("--backend", choices=("auto", "cann", "emulator"), default=None,
@@ -240,16 +250,16 @@ def _first(values: Optional[np.ndarray]) -> List[float]:
     return [float(v) for v in values.reshape(-1)[:SHOWN].astype(np.float64)]
 
 
-def run(args) -> int:
-    if args.backend:
-        os.environ["ACL_SWIGLU_BACKEND"] = args.backend
-    if args.abi:
-        os.environ["ACL_SWIGLU_ABI"] = args.abi
-
+def run(args, report: dict) -> int:
+    """The sample; fills `report` as it goes (main prints it, with an error if one occurs)."""
     import acl_swiglu as acl
-    from acl_swiglu import reference
+    from acl_swiglu import _loader, reference
+    from acl_swiglu.errors import ConfigurationError
 
-    report = {"ok": False}
+    loaded = _loader.loaded()
+    if args.backend and args.backend != "auto" and loaded is not None and loaded.info.backend != args.backend:
+        raise ConfigurationError(f"this process already loaded the {loaded.info.backend} libraries; "
+                                 f"--backend {args.backend} needs a new process")
     out = [] if args.json else None
 
     def say(line: str = "") -> None:
@@ -317,13 +327,25 @@ def run(args) -> int:
     return status
 
 
+def _error_report(report: dict, status: int, error: dict) -> str:
+    """What --json prints on a failure: what was known before it, and the error."""
+    partial = {key: report[key] for key in ("backend", "inputs") if key in report}
+    return json.dumps({"ok": False, "exit_status": status, **partial, "error": error}, indent=2, default=float)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from .errors import AclError, AclSwigluError, ArgumentError, ConfigurationError, LibraryNotFoundError
+    from .errors import AclError, AclSwigluError, ArgumentError, ConfigurationError
 
+    report: dict = {"ok": False}
+    saved = {name: os.environ.get(name) for name in ("ACL_SWIGLU_BACKEND", "ACL_SWIGLU_ABI")}
     try:
-        return run(args)
+        if args.backend:
+            os.environ["ACL_SWIGLU_BACKEND"] = args.backend
+        if args.abi:
+            os.environ["ACL_SWIGLU_ABI"] = args.abi
+        return run(args, report)
     except (ArgumentError, ConfigurationError) as exc:
         parser.print_usage(sys.stderr)
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
@@ -333,13 +355,29 @@ def main(argv: Optional[List[str]] = None) -> int:
         if exc.message:
             print(f"  {exc.message}", file=sys.stderr)
         if args.json:
-            print(json.dumps({"ok": False, "exit_status": EXIT_ACL,
-                              "error": {"kind": "acl", "api": exc.api, "code": exc.code, "name": exc.name,
-                                        "message": exc.message}}, indent=2))
+            print(_error_report(report, EXIT_ACL, {"kind": "acl", "api": exc.api, "code": exc.code,
+                                                   "name": exc.name, "message": exc.message}))
         return EXIT_ACL
-    except (LibraryNotFoundError, AclSwigluError) as exc:
+    except AclSwigluError as exc:   # the libraries could not be found or loaded, and the like
         print(f"{parser.prog}: {exc}", file=sys.stderr)
         if args.json:
-            print(json.dumps({"ok": False, "exit_status": EXIT_ACL,
-                              "error": {"kind": type(exc).__name__, "message": str(exc)}}, indent=2))
+            print(_error_report(report, EXIT_ACL, {"kind": type(exc).__name__, "message": str(exc)}))
         return EXIT_ACL
+    except BrokenPipeError:
+        # Whoever read our output stopped (`| head`): say nothing more, not even at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+    except Exception as exc:   # a bug: say so plainly, with the traceback to report
+        import traceback
+
+        traceback.print_exc(file=sys.stderr)
+        print(f"{parser.prog}: internal error ({type(exc).__name__}: {exc}); please report it with the "
+              "traceback above", file=sys.stderr)
+        return EXIT_INTERNAL
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

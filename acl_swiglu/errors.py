@@ -9,6 +9,7 @@ __all__ = [
     "ConfigurationError",
     "LibraryNotFoundError",
     "HandleClosedError",
+    "HostMemoryError",
     "AclError",
     "AclParameterError",
     "AclResourceError",
@@ -40,6 +41,10 @@ class HandleClosedError(AclSwigluError, RuntimeError):
     """An object was used after close(): its native handle is gone."""
 
 
+class HostMemoryError(AclSwigluError, MemoryError):
+    """The host cannot hold an array the call needs (for example a huge result)."""
+
+
 class AclError(AclSwigluError, RuntimeError):
     """A CANN call returned a non-zero status.
 
@@ -50,18 +55,21 @@ class AclError(AclSwigluError, RuntimeError):
     code = -1
     name = "UNKNOWN"
 
-    def __init__(self, code: int, api: str, message: str = ""):
+    def __init__(self, code: int, api: str, message: str = "", arguments: str = ""):
         self.code = int(code)
         self.name = status_name(code)
         self.api = api
         self.message = message or ""
+        self.arguments = arguments   # which Python arguments the C parameter names stand for
         text = f"{api} failed with {self.name} ({self.code})"
         if self.message:
             text += f": {self.message}"
+        if arguments:
+            text += f" ({arguments})"
         super().__init__(text)
 
     def __reduce__(self):
-        return (error_class(self.code), (self.code, self.api, self.message))
+        return (error_class(self.code), (self.code, self.api, self.message, self.arguments))
 
 
 class AclParameterError(AclError):

@@ -4,6 +4,8 @@ reusable plan for hot loops."""
 from __future__ import annotations
 
 import ctypes
+import math
+import re
 import threading
 from contextlib import ExitStack
 from typing import Optional, Sequence, Tuple
@@ -13,12 +15,40 @@ import numpy as np
 from . import _ffi
 from ._loader import abi_revision
 from ._validate import Problem, validate
-from .errors import ArgumentError, HandleClosedError
+from .errors import ArgumentError, HandleClosedError, HostMemoryError
 from ._scratch import CallScratch, check
 from .runtime import DeviceArray, DeviceBuffer, Owned, Stream, close_count, default_stream, runtime_api
 from .tensor import AclIntArray, AclTensor, tensor_for
 
 INPUT_SLOTS = ("grad_y", "x", "weight", "y_origin", "group_index")   # aclSetInputTensorAddr indexes
+# The operator's parameter names, as CANN messages use them, and the Python argument of each.
+C_PARAMETERS = {"gradY": "grad_y", "weightOptional": "weight", "yOriginOptional": "y_origin",
+                "groupIndexOptional": "group_index", "clampLimit": "clamp_limit", "gradXOut": "grad_x",
+                "gradWeightOutOptional": "grad_weight"}
+_C_PARAMETER = re.compile(r"\b(" + "|".join(C_PARAMETERS) + r")\b")
+
+
+def describe_arguments(message: str) -> str:
+    """'gradXOut is grad_x, ...' for the operator parameters a CANN message names."""
+    seen = dict.fromkeys(_C_PARAMETER.findall(message))
+    return ", ".join(f"{name} is the {C_PARAMETERS[name]} argument" for name in seen)
+
+
+def op_check(api, status: int, name: str) -> None:
+    """Raises for a failed operator call, saying which Python arguments its message means."""
+    if status != 0:
+        _ffi.raise_status(status, name, api.get_message, describe_arguments)
+
+
+def _stream_argument(stream) -> Stream:
+    """The stream to use: the default one for None; a TypeError or HandleClosedError otherwise."""
+    if stream is None:
+        return default_stream()
+    if not isinstance(stream, Stream):
+        raise TypeError(f"stream must be an acl_swiglu.Stream or None, got {type(stream).__name__} (wrap a "
+                        "foreign aclrtStream with acl_swiglu.Stream.from_handle)")
+    stream.check_open("stream")
+    return stream
 OUTPUT_SLOTS = ("grad_x", "grad_weight")                              # aclSetOutputTensorAddr indexes
 PHASE2 = "aclnnSwigluGroupQuantGrad"
 
@@ -46,18 +76,21 @@ class Executor(Owned):
 
     def make_repeatable(self) -> None:
         """aclSetAclOpExecutorRepeatable: keep the executor for many launches."""
+        self.check_open()
         runtime_api().aclSetAclOpExecutorRepeatable(self)
         self.repeatable = True
 
     def launch(self, stream: Optional[Stream] = None, workspace=None) -> None:
         """Phase 2 on `stream` (default stream if None). The work runs asynchronously: wait
         with stream.synchronize() (DeviceArray.to_numpy does it for its writer)."""
-        stream = stream if stream is not None else default_stream()
+        self.check_open("this Executor (a single-use executor is consumed by its launch)")
+        stream = _stream_argument(stream)
         handle = self._as_parameter_
-        stream.check_open("stream")
         _check_open(**self._arrays)
         api = runtime_api()
         if workspace is not None:
+            if not isinstance(workspace, DeviceBuffer):
+                raise TypeError(f"workspace must be an acl_swiglu.DeviceBuffer or None, got {type(workspace).__name__}")
             workspace.check_open("workspace")
             if self.workspace_size and workspace.nbytes < self.workspace_size:
                 raise ArgumentError(f"workspace has {workspace.nbytes} bytes; phase 1 asked for {self.workspace_size}")
@@ -75,8 +108,7 @@ class Executor(Owned):
             self._handle = None
             self._keep_alive = []
             self._arrays = {}
-        if status != 0:
-            _ffi.raise_status(status, PHASE2, api.get_message)
+        op_check(api, status, PHASE2)
 
 
 def get_workspace_size(grad_y: DeviceArray, x: DeviceArray, weight: Optional[DeviceArray] = None,
@@ -132,16 +164,11 @@ def _group_argument(problem: Problem, group_index, stack: ExitStack):
 
 def _phase1(problem: Problem, gy, x, weight, y_origin, group, grad_x, grad_weight) -> Executor:
     api = runtime_api()
-    size = ctypes.c_uint64()
-    handle = _ffi.aclOpExecutor_p()
-    fn = (api.aclnnSwigluGroupQuantGradGetWorkspaceSize if problem.abi == 2
-          else api.aclnnSwigluGroupQuantGradGetWorkspaceSize_rev1)
-    fn(gy, x, weight, y_origin, group, problem.clamp_c_value, grad_x, grad_weight, ctypes.byref(size),
-       ctypes.byref(handle))
+    handle, size = _raw_phase1(api, problem, gy, x, weight, y_origin, group, grad_x, grad_weight)
     keep = [t for t in (gy, x, weight, y_origin, grad_x, grad_weight) if t is not None]
     if problem.abi == 2 and group is not None:
         keep.append(group)
-    return Executor(handle, size.value, problem, keep)
+    return Executor(handle, size, problem, keep)
 
 
 # ---- one-shot NumPy call ----
@@ -194,8 +221,13 @@ def swiglu_group_quant_grad(grad_y: np.ndarray, x: np.ndarray, weight: Optional[
     grad_y, x, weight, y_origin, group_index = map(_native, (grad_y, x, weight, y_origin, group_index))
     problem = validate(grad_y, x, weight, y_origin, group_index, clamp_limit, abi=abi, array_types=(np.ndarray,),
                        array_text="a numpy.ndarray", group_host=False)
-    grad_x = np.empty(problem.x_shape, problem.dtype)
-    grad_weight = np.empty(problem.weight_shape, np.float32) if weight is not None else None
+    try:
+        grad_x = np.empty(problem.x_shape, problem.dtype)
+        grad_weight = np.empty(problem.weight_shape, np.float32) if weight is not None else None
+    except MemoryError:
+        raise HostMemoryError(f"x has shape {problem.x_shape}: the result grad_x needs "
+                              f"{math.prod(problem.x_shape) * problem.dtype.itemsize} bytes, more than this "
+                              "host can allocate") from None
     stream = _thread_stream()
     api = runtime_api()
     with CallScratch(api) as scratch:
@@ -225,8 +257,8 @@ def _raw_phase1(api, problem: Problem, gy, x, weight, y_origin, group, grad_x, g
     handle = _ffi.aclOpExecutor_p()
     fn = (api.raw.aclnnSwigluGroupQuantGradGetWorkspaceSize if problem.abi == 2
           else api.raw.aclnnSwigluGroupQuantGradGetWorkspaceSize_rev1)
-    check(api, fn(gy, x, weight, y_origin, group, problem.clamp_c_value, grad_x, grad_weight, ctypes.byref(size),
-                  ctypes.byref(handle)), _ffi.OPERATOR_PHASE1)
+    op_check(api, fn(gy, x, weight, y_origin, group, problem.clamp_c_value, grad_x, grad_weight, ctypes.byref(size),
+                     ctypes.byref(handle)), _ffi.OPERATOR_PHASE1)
     return handle, size.value
 
 
@@ -245,7 +277,7 @@ def _raw_launch(api, executor, workspace_size: int, stream: Stream) -> None:
         if not launched:   # the workspace could not be had: the executor was never handed over
             api.raw.aclDestroyAclOpExecutor(executor)
         raise
-    check(api, status, PHASE2)
+    op_check(api, status, PHASE2)
 
 
 # ---- device-level call ----
@@ -264,8 +296,7 @@ def swiglu_group_quant_grad_device(grad_y: DeviceArray, x: DeviceArray, weight: 
                        check_outputs=True)
     _check_open(grad_y=grad_y, x=x, weight=weight, y_origin=y_origin, grad_x=grad_x, grad_weight=grad_weight,
                 group_index=group_index if abi == 2 else None)
-    stream = stream if stream is not None else default_stream()
-    stream.check_open("stream")
+    stream = _stream_argument(stream)
     made = []
     try:
         if grad_x is None:
@@ -312,8 +343,7 @@ class SwigluGroupQuantGradPlan:
                                 grad_x=grad_x, grad_weight=grad_weight, check_outputs=True)
         _check_open(grad_y=grad_y, x=x, weight=weight, y_origin=y_origin, grad_x=grad_x, grad_weight=grad_weight,
                     group_index=group_index if abi == 2 else None)
-        self.stream = stream if stream is not None else default_stream()
-        self.stream.check_open("stream")
+        self.stream = _stream_argument(stream)
         self._lock = threading.Lock()
         self._closed = False
         self._owned_outputs = []
@@ -405,7 +435,7 @@ class SwigluGroupQuantGradPlan:
                 self._checked_at = close_count()
             status = self._launch(*self._launch_args)
             if status:
-                _ffi.raise_status(status, PHASE2, api.get_message)
+                op_check(api, status, PHASE2)
             grad_x_array, grad_weight_array = self._arrays["grad_x"], self._arrays["grad_weight"]
             grad_x_array.pending = self.stream
             if grad_weight_array is not None:
@@ -444,8 +474,7 @@ class SwigluGroupQuantGradPlan:
                 status = api.raw.aclSetInputTensorAddr(self._executor, INPUT_SLOTS.index(name),
                                                        self._tensors[name], ptr)
                 api_name = "aclSetInputTensorAddr"
-            if status != 0:
-                _ffi.raise_status(status, api_name, api.get_message)
+            op_check(api, status, api_name)
             self._bound[name] = ptr
         self._arrays[name] = array
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import math
 import os
 import threading
 import weakref
@@ -27,6 +28,7 @@ MEMCPY_HOST_TO_DEVICE = 1
 MEMCPY_DEVICE_TO_HOST = 2
 MEMCPY_DEVICE_TO_DEVICE = 3
 ENV_DEVICE_ID = "ACL_SWIGLU_DEVICE_ID"
+MAX_ALLOCATION = 2**63 - 1   # size_t on the device side; larger sizes would wrap in C
 
 
 class _Runtime:
@@ -90,9 +92,14 @@ class _Runtime:
         if isinstance(device_id, bool) or not isinstance(device_id, (int, np.integer)) or device_id < 0:
             raise ArgumentError(f"device_id must be a whole number >= 0, got {device_id!r}")
         with self.lock:
-            self.device_id = int(device_id)
+            previous, self.device_id = self.device_id, int(device_id)
         if self.initialized:
-            self._bind_thread()
+            try:
+                self._bind_thread()
+            except BaseException:
+                with self.lock:   # a device that cannot be set must not stick for later calls
+                    self.device_id = previous
+                raise
 
     # -- ownership --
 
@@ -121,8 +128,14 @@ class _Runtime:
         with self.lock:
             pending = [self.owned[k] for k in sorted(self.owned, reverse=True)]
         for finalizer in pending:
+            # weakref.finalize may already have shut down (its own exit hook can run before
+            # this one, and then calling a finalizer does nothing): detach and release here.
+            detached = finalizer.detach()
+            if detached is None:
+                continue
+            _, func, args, _ = detached
             try:
-                finalizer()
+                func(*args)
             except Exception:   # exit must finish; a failed free cannot be acted on now
                 pass
         with self.lock:
@@ -338,6 +351,8 @@ class DeviceBuffer(Owned):
         super().__init__()
         if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)) or nbytes <= 0:
             raise ArgumentError(f"nbytes must be a whole number > 0, got {nbytes!r}")
+        if nbytes > MAX_ALLOCATION:
+            raise ArgumentError(f"nbytes {nbytes} is more than any device can address")
         self.nbytes = int(nbytes)
         if _ptr is not None:
             self._borrow(ctypes.c_void_p(_ptr))
@@ -396,6 +411,20 @@ class DeviceBuffer(Owned):
         return f"<DeviceBuffer 0x{self.ptr:x} {self.nbytes} bytes {owner}>"
 
 
+def _check_shape(shape) -> Tuple[int, ...]:
+    """A shape as a tuple of whole numbers >= 0 (an ArgumentError naming `shape` otherwise)."""
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise TypeError(f"shape must be a sequence of whole numbers, got {type(shape).__name__}") from None
+    for dim in dims:
+        if isinstance(dim, (bool, np.bool_)) or not isinstance(dim, (int, np.integer)):
+            raise TypeError(f"shape {dims} must hold whole numbers, got {type(dim).__name__}")
+        if dim < 0:
+            raise ArgumentError(f"shape {dims} has a negative dim")
+    return tuple(int(d) for d in dims)
+
+
 def _contiguous_strides(shape: Sequence[int]) -> Tuple[int, ...]:
     strides = []
     step = 1
@@ -427,17 +456,18 @@ class DeviceArray:
     @classmethod
     def empty(cls, shape, dtype) -> "DeviceArray":
         """Fresh C-contiguous device memory (contents undefined, as on a device)."""
-        shape = tuple(int(d) for d in shape)
+        shape = _check_shape(shape)
         dtype = np.dtype(dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes > MAX_ALLOCATION:
+            raise ArgumentError(f"shape {shape} of {dtype_name(dtype)} needs {nbytes} bytes, more than any device "
+                                "can address")
         return cls(DeviceBuffer(nbytes) if nbytes else None, shape, dtype)
 
     @classmethod
     def wrap(cls, ptr: int, shape, dtype, strides=None, offset: int = 0, nbytes: Optional[int] = None) -> "DeviceArray":
         """Borrows a foreign device pointer described by shape/dtype/strides/offset (elements)."""
-        array = cls(None, shape, dtype, strides, offset)
-        if any(d < 0 for d in array.shape):
-            raise ArgumentError(f"shape {array.shape} has a negative dim")
+        array = cls(None, _check_shape(shape), dtype, strides, offset)
         if any(s < 0 for s in array.strides) or len(array.strides) != len(array.shape):
             raise ArgumentError(f"strides {array.strides} must be one non-negative value per dim of {array.shape}")
         if array.offset < 0:
