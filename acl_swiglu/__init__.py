@@ -4,6 +4,7 @@ group truncation) from Python, on a real CANN install or on the bundled CPU emul
 Importing loads nothing; the libraries are found and loaded on first use (see backend_info()).
 """
 
+from . import emulator, reference
 from ._dtypes import bfloat16
 from ._loader import BackendInfo, abi_revision, backend_info
 from .errors import (
@@ -32,6 +33,7 @@ from .runtime import DeviceArray, DeviceBuffer, Stream, default_stream, set_devi
 __version__ = "0.1.0"
 
 __all__ = [
+    "emulator", "reference",
     "AclError", "AclInternalError", "AclParameterError", "AclResourceError", "AclRuntimeFailure", "AclSwigluError",
     "ArgumentError", "BackendInfo", "ConfigurationError", "DeviceArray", "DeviceBuffer", "Executor",
     "HandleClosedError", "HostMemoryError", "LibraryNotFoundError", "Stream", "SwigluGroupQuantGradPlan", "abi_revision",

@@ -14,6 +14,7 @@ import os
 import statistics
 import sys
 import time
+import warnings
 from typing import List, Optional
 
 import numpy as np
@@ -266,11 +267,15 @@ def run(args, report: dict) -> int:
         if out is None:
             print(line, flush=True)
 
-    info = acl.backend_info()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        info = acl.backend_info()
     report["backend"] = info.as_dict()
     say(f"backend: {'CPU emulator' if info.backend == 'emulator' else 'CANN'} (ABI revision {info.abi}), "
         f"root {info.root or '(system loader)'}")
     say(f"  operator library: {info.operator}")
+    for warning in caught:   # e.g. "no CANN found, running on the emulator": one plain line
+        print(f"note: {warning.message}", file=sys.stderr, flush=True)
     if args.device_id is not None:
         acl.set_device(args.device_id)
 
