@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
 import re
 import threading
 from contextlib import ExitStack
@@ -17,7 +18,8 @@ from ._loader import abi_revision
 from ._validate import Problem, validate
 from .errors import ArgumentError, HandleClosedError, HostMemoryError
 from ._scratch import CallScratch, check
-from .runtime import DeviceArray, DeviceBuffer, Owned, Stream, close_count, default_stream, runtime_api
+from .runtime import (DeviceArray, DeviceBuffer, Owned, Stream, close_count, default_stream, in_forked_child,
+                      runtime_api)
 from .tensor import AclIntArray, AclTensor, tensor_for
 
 INPUT_SLOTS = ("grad_y", "x", "weight", "y_origin", "group_index")   # aclSetInputTensorAddr indexes
@@ -104,8 +106,7 @@ class Executor(Owned):
         self.launches += 1
         if not self.repeatable:
             # CANN consumed it, failed or not: never destroy it ourselves.
-            self._finalizer.detach()
-            self._handle = None
+            self._disown()
             self._keep_alive = []
             self._arrays = {}
         op_check(api, status, PHASE2)
@@ -178,6 +179,17 @@ _thread_streams_lock = threading.Lock()
 _thread_streams: "list[Stream]" = []
 
 
+def _reset_after_fork() -> None:
+    global _thread_streams_lock, _thread_state
+    _thread_streams_lock = threading.Lock()   # another thread may have held it at the fork
+    _thread_state = threading.local()
+    _thread_streams.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
+
+
 def _thread_stream() -> Stream:
     """A private stream per thread for one-shot calls, so threads do not wait on each other."""
     stream = getattr(_thread_state, "stream", None)
@@ -192,6 +204,8 @@ def _thread_stream() -> Stream:
 def release_cached() -> None:
     """Destroys the per-thread streams of one-shot calls and frees every cached workspace
     (they are made again on demand). Call it when no call is in flight, e.g. between tests."""
+    if in_forked_child():
+        return   # the parent's device resources are not this process's to free
     with _thread_streams_lock:
         streams, _thread_streams[:] = list(_thread_streams), []
     for stream in streams:
@@ -369,7 +383,7 @@ class SwigluGroupQuantGradPlan:
             self._tensors = {name: AclTensor(a) for name, a in self._arrays.items() if a is not None}
             self._group_values = (tuple(int(v) for v in np.asarray(group_index, dtype=np.int64))
                                   if abi == 1 and group_index is not None else None)
-            self._build_executor()
+            self._executor = self._build_executor(self._group_values)
             # The plan's own workspace: no pool lock on the hot path, never swapped under it.
             self._workspace_size = self._executor.workspace_size
             if self._workspace_size:
@@ -382,10 +396,11 @@ class SwigluGroupQuantGradPlan:
             self.close()
             raise
 
-    def _build_executor(self) -> None:
+    def _build_executor(self, group_values=None) -> Executor:
+        """A repeatable executor over the plan's tensors (revision 1: with these group counts)."""
         t = self._tensors
         with ExitStack() as stack:
-            group = (stack.enter_context(AclIntArray(self._group_values)) if self._group_values is not None
+            group = (stack.enter_context(AclIntArray(group_values)) if group_values is not None
                      else t.get("group_index"))
             executor = _phase1(self.problem, t["grad_y"], t["x"], t.get("weight"), t.get("y_origin"), group,
                                t["grad_x"], t.get("grad_weight"))
@@ -394,9 +409,7 @@ class SwigluGroupQuantGradPlan:
         except BaseException:
             executor.close()
             raise
-        self._executor = executor
-        if self._launch is not None:
-            self._set_launch_args()
+        return executor
 
     def _set_launch_args(self) -> None:
         self._launch_args = (ctypes.c_void_p(self._workspace_ptr), ctypes.c_uint64(self._workspace_size),
@@ -486,12 +499,14 @@ class SwigluGroupQuantGradPlan:
         if self._group_values is None:
             raise ArgumentError("the plan was built without group_index; build another plan to use it")
         if values != self._group_values:
-            # Revision 1 reads the counts at phase 1: new counts need a new executor.
-            old = self._executor
-            self._group_values = values
-            self._build_executor()
-            if self._executor.workspace_size > self._workspace_size:
+            # Revision 1 reads the counts at phase 1: new counts need a new executor. The plan
+            # switches to it only once it exists, so a failure leaves the old one in use.
+            executor = self._build_executor(values)
+            if executor.workspace_size > self._workspace_size:
+                executor.close()
                 raise ArgumentError("the new group counts need a larger workspace; build another plan")
+            old, self._executor, self._group_values = self._executor, executor, values
+            self._set_launch_args()
             old.close()
 
     def close(self) -> None:
@@ -522,5 +537,11 @@ class SwigluGroupQuantGradPlan:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+            return
+        try:
+            self.close()   # everything is released either way
+        except Exception:  # the error already propagating is the one that matters
+            pass

@@ -167,6 +167,11 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=lambda: _runtime._after_fork_in_child())
 
 
+def in_forked_child() -> bool:
+    """True in a child forked after this process used ACL (the child must not touch it)."""
+    return _runtime.pid != os.getpid()
+
+
 def runtime_api():
     """The C API on this thread, initialising ACL and binding the device as needed."""
     return _runtime.api()
@@ -220,6 +225,17 @@ class Owned:
             self._finalizer()
         elif self._handle is not None:
             _closes[0] += 1
+        self._handle = None
+
+    def _disown(self) -> None:
+        """Forgets the handle without freeing it: its owner is now someone else (e.g. CANN)."""
+        if self._finalizer is not None:
+            detached = self._finalizer.detach()
+            if detached is not None:
+                key = detached[2][0]
+                with _runtime.lock:
+                    _runtime.owned.pop(key, None)
+        _closes[0] += 1
         self._handle = None
 
     def __enter__(self):
@@ -305,6 +321,8 @@ class Stream(Owned):
 
     def release_workspace(self) -> None:
         """Frees the pooled workspace after the work queued on this stream is done."""
+        if in_forked_child():
+            return
         with self._workspace_lock:
             if self._workspace is not None:
                 if not self._workspace.closed and not self.closed:
@@ -317,6 +335,9 @@ class Stream(Owned):
         if self._handle is None:
             return
         super().close()
+        if in_forked_child():
+            self._workspace = None   # its lock may be held by a thread that did not survive the fork
+            return
         with self._workspace_lock:
             if self._workspace is not None:
                 self._workspace.close()
