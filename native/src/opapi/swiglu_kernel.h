@@ -46,16 +46,22 @@ typedef struct {
 } swiglu_kernel_args;
 
 typedef enum {
-    SWIGLU_KERNEL_VECTOR = 0,   /* eight lanes at a time (the default) */
-    SWIGLU_KERNEL_SCALAR = 1    /* one element at a time: the reference the vector path must match */
+    SWIGLU_KERNEL_VECTOR = 0,          /* the widest vector build this CPU runs (the default) */
+    SWIGLU_KERNEL_SCALAR = 1,          /* one element at a time: the reference the others match */
+    SWIGLU_KERNEL_VECTOR_BASELINE = 2, /* 8 lanes, no instruction-set extension */
+    SWIGLU_KERNEL_VECTOR_AVX2 = 3,     /* 8 lanes, x86-64 AVX2 */
+    SWIGLU_KERNEL_VECTOR_AVX512 = 4    /* 16 lanes, x86-64 AVX-512 (F, DQ, BW, VL) */
 } swiglu_kernel_variant;
+
+/* 1 when this build and CPU can run the variant. */
+int swiglu_kernel_variant_available(swiglu_kernel_variant variant);
 
 /* Rows to compute: min(uint32 wrapping sum of the groups, T), or T without groups. */
 int64_t swiglu_trunc(const swiglu_kernel_args *args);
 
 /* Runs the kernel over all rows with up to `threads` threads. The bytes written depend on
- * neither the thread count nor the variant. Returns 0, or -1 when host memory for scratch ran
- * out (nothing written then). */
+ * neither the thread count nor the variant. Returns 0, -1 when host memory for scratch ran out,
+ * -2 when the variant cannot run here (nothing written in either case). */
 int swiglu_kernel_run(const swiglu_kernel_args *args, int threads, swiglu_kernel_variant variant);
 
 /* The device's exp (exposed for tests): fp32, flushes subnormal results to 0, overflows to

@@ -1,0 +1,360 @@
+/*
+ * The vectorised implementation of the kernel (docs/kernel.md), compiled once per instruction
+ * set: the including file defines KERNEL_LANES (8 or 16) and KERNEL_TABLE (the name of the table
+ * it exports). Every lane does the same IEEE operations as the scalar implementation, in the
+ * same order, so each build writes the same bytes (native/tests/test_kernel_variants.c).
+ */
+#include "swiglu_kernel_impl.h"
+
+/* ---- vectors ----
+ * GCC vector extensions: LANES fp32 lanes, each lane the same IEEE operation as the scalar
+ * code, so every instruction set gives the same bytes. */
+
+#if KERNEL_LANES == 16
+#define LANES 16
+typedef float vfloat __attribute__((vector_size(64)));
+typedef int32_t vint __attribute__((vector_size(64)));
+typedef uint32_t vuint __attribute__((vector_size(64)));
+typedef uint16_t vhalf __attribute__((vector_size(32)));
+#define SPLAT(v) {v, v, v, v, v, v, v, v, v, v, v, v, v, v, v, v}
+#define EVEN_LANES {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30}
+#define ODD_LANES {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31}
+#else
+#define LANES 8
+typedef float vfloat __attribute__((vector_size(32)));
+typedef int32_t vint __attribute__((vector_size(32)));
+typedef uint32_t vuint __attribute__((vector_size(32)));
+typedef uint16_t vhalf __attribute__((vector_size(16)));
+#define SPLAT(v) {v, v, v, v, v, v, v, v}
+#define EVEN_LANES {0, 2, 4, 6, 8, 10, 12, 14}
+#define ODD_LANES {1, 3, 5, 7, 9, 11, 13, 15}
+#endif
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE vfloat vload(const float *p) { vfloat v; memcpy(&v, p, sizeof v); return v; }
+INLINE void vstore(float *p, vfloat v) { memcpy(p, &v, sizeof v); }
+INLINE vfloat vsplat(float f) { return (vfloat)SPLAT(f); }
+INLINE vint vsplat_int(int32_t i) { return (vint)SPLAT(i); }
+/* Mask lanes are all ones or all zeros, as vector comparisons give them. */
+INLINE vfloat vselect(vint mask, vfloat yes, vfloat no)
+{
+    return (vfloat)((mask & (vint)yes) | (~mask & (vint)no));
+}
+INLINE vint vselect_int(vint mask, vint yes, vint no) { return (mask & yes) | (~mask & no); }
+
+INLINE vfloat device_expv(vfloat x)
+{
+    vfloat xc = vselect(x < -104.0f, vsplat(-104.0f), x);
+    xc = vselect(xc > 89.0f, vsplat(89.0f), xc);
+    vfloat t = xc * EXP_LOG2E + EXP_ROUNDER;
+    vfloat nf = t - EXP_ROUNDER;
+    vfloat r = xc - nf * EXP_LN2_HI;
+    r = r - nf * EXP_LN2_LO;
+    vfloat p = vsplat(1.98412698412698412526e-4f);
+    p = p * r + 1.38888888888888894189e-3f;
+    p = p * r + 8.33333333333333321769e-3f;
+    p = p * r + 4.16666666666666643537e-2f;
+    p = p * r + 1.66666666666666657415e-1f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    vint n = (vint)t - (vint)vsplat(EXP_ROUNDER);
+    vint flush = (n < -126) | ((n == -126) & (p < EXP_FLUSH_P));
+    vfloat p_safe = vselect(flush, vsplat(1.0f), p);
+    vint n_safe = vselect_int(n < -126, vsplat_int(-126), n);
+    vint n_low = n_safe >> 1;
+    vint n_high = n_safe - n_low;
+    vfloat result = (p_safe * (vfloat)((n_low + 127) << 23)) * (vfloat)((n_high + 127) << 23);
+    result = vselect(flush, vsplat(0.0f), result);
+    result = vselect(result > FLT_MAX, vsplat(FLT_MAX), result);
+    result = vselect(x >= EXP_OVERFLOW_FROM, vsplat(INFINITY), result);
+    return vselect(x != x, x, result);
+}
+
+INLINE vfloat canonical_f32v(vfloat f)
+{
+    return vselect(f != f, (vfloat)vsplat_int((int32_t)CANONICAL_NAN_F32), f);
+}
+
+INLINE vfloat bf16_to_floatv(vhalf h) { return (vfloat)(__builtin_convertvector(h, vuint) << 16); }
+
+INLINE vhalf float_to_bf16v(vfloat f)
+{
+    vuint u = (vuint)f;
+    vuint rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+    vint nan = (vint)((u & 0x7FFFFFFFu) > 0x7F800000u);
+    vuint out = (vuint)vselect_int(nan, vsplat_int(CANONICAL_NAN_BF16), (vint)rounded);
+    return __builtin_convertvector(out, vhalf);
+}
+
+INLINE vfloat half_to_floatv(vhalf h)
+{
+    vuint w = __builtin_convertvector(h, vuint);
+    vuint sign = (w & 0x8000u) << 16;
+    vuint magnitude = w & 0x7FFFu;
+    vuint normal = (magnitude << 13) + 0x38000000u;
+    vuint inf_nan = (magnitude << 13) | 0x7F800000u;
+    vuint subnormal = (vuint)(__builtin_convertvector((vint)magnitude, vfloat) * 5.9604644775390625e-8f);
+    vint u = vselect_int((vint)(magnitude >= 0x7C00u), (vint)inf_nan, (vint)normal);
+    u = vselect_int((vint)(magnitude < 0x0400u), (vint)subnormal, u);
+    return (vfloat)((vuint)u | sign);
+}
+
+INLINE vhalf float_to_halfv(vfloat f)
+{
+    vuint u = (vuint)f;
+    vuint sign = (u >> 16) & 0x8000u;
+    vuint a = u & 0x7FFFFFFFu;
+    vuint normal = (a - 0x38000000u + 0x0FFFu + ((a >> 13) & 1u)) >> 13;
+    vuint subnormal = (vuint)((vfloat)a + 0.5f) - 0x3F000000u;
+    vint h = vselect_int((vint)(a < 0x38800000u), (vint)subnormal, (vint)normal) | (vint)sign;
+    h = vselect_int((vint)(a >= 0x477FF000u), (vint)(sign | 0x7C00u), h);
+    h = vselect_int((vint)(a > 0x7F800000u), vsplat_int(CANONICAL_NAN_F16), h);
+    return __builtin_convertvector((vuint)h, vhalf);
+}
+
+/* -- vectorised: strided segments fall back to the scalar loops; blocks are processed in
+ * whole vectors (scratch is BLOCK long), lanes past n compute on stale scratch and are never
+ * stored -- */
+
+static void load_f32_vector(const char *src, int64_t stride, float *out, size_t n)
+{
+    if (stride != 1) {
+        load_f32_scalar(src, stride, out, n);
+        return;
+    }
+    memcpy(out, src, n * sizeof *out);
+}
+
+static void load_f16_vector(const char *src, int64_t stride, float *out, size_t n)
+{
+    const uint16_t *p = (const uint16_t *)src;
+    if (stride != 1) {
+        load_f16_scalar(src, stride, out, n);
+        return;
+    }
+    size_t i = 0;
+    for (; i + LANES <= n; i += LANES) {
+        vhalf h;
+        memcpy(&h, p + i, sizeof h);
+        vstore(out + i, half_to_floatv(h));
+    }
+    for (; i < n; i++) out[i] = half_to_float(p[i]);
+}
+
+static void load_bf16_vector(const char *src, int64_t stride, float *out, size_t n)
+{
+    const uint16_t *p = (const uint16_t *)src;
+    if (stride != 1) {
+        load_bf16_scalar(src, stride, out, n);
+        return;
+    }
+    size_t i = 0;
+    for (; i + LANES <= n; i += LANES) {
+        vhalf h;
+        memcpy(&h, p + i, sizeof h);
+        vstore(out + i, bf16_to_floatv(h));
+    }
+    for (; i < n; i++) out[i] = bf16_to_float(p[i]);
+}
+
+static void store_f32_vector(char *dst, int64_t stride, const float *in, size_t n)
+{
+    float *p = (float *)dst;
+    if (stride != 1) {
+        store_f32_scalar(dst, stride, in, n);
+        return;
+    }
+    size_t i = 0;
+    for (; i + LANES <= n; i += LANES) vstore(p + i, canonical_f32v(vload(in + i)));
+    for (; i < n; i++) p[i] = canonical_f32(in[i]);
+}
+
+static void store_f16_vector(char *dst, int64_t stride, const float *in, size_t n)
+{
+    uint16_t *p = (uint16_t *)dst;
+    if (stride != 1) {
+        store_f16_scalar(dst, stride, in, n);
+        return;
+    }
+    size_t i = 0;
+    for (; i + LANES <= n; i += LANES) {
+        vhalf h = float_to_halfv(vload(in + i));
+        memcpy(p + i, &h, sizeof h);
+    }
+    for (; i < n; i++) p[i] = float_to_half(in[i]);
+}
+
+static void store_bf16_vector(char *dst, int64_t stride, const float *in, size_t n)
+{
+    uint16_t *p = (uint16_t *)dst;
+    if (stride != 1) {
+        store_bf16_scalar(dst, stride, in, n);
+        return;
+    }
+    size_t i = 0;
+    for (; i + LANES <= n; i += LANES) {
+        vhalf h = float_to_bf16v(vload(in + i));
+        memcpy(p + i, &h, sizeof h);
+    }
+    for (; i < n; i++) p[i] = float_to_bf16(in[i]);
+}
+
+static void grad_vector(const float *restrict gy, float *restrict x0,
+                                   float *restrict x1, size_t n)
+{
+    for (size_t i = 0; i < n; i += LANES) {
+        vfloat a = vload(x0 + i);
+        vfloat e = device_expv(a);
+        vfloat s = e / (e + 1.0f);
+        vfloat silu = a * s;
+        vfloat dsilu = s * (((1.0f - s) * a) + 1.0f);
+        vfloat g = vload(gy + i);
+        vstore(x0 + i, (g * vload(x1 + i)) * dsilu);
+        vstore(x1 + i, g * silu);
+    }
+}
+
+static void grad_clamped_vector(const float *restrict gy, float *restrict x0,
+                                           float *restrict x1, size_t n, float c)
+{
+    const vfloat limit = vsplat(c), neg_limit = vsplat(-c), one = vsplat(1.0f), zero = vsplat(0.0f);
+    for (size_t i = 0; i < n; i += LANES) {
+        vfloat a_orig = vload(x0 + i);
+        vfloat b_orig = vload(x1 + i);
+        vfloat a = vselect((a_orig < limit) | (a_orig != a_orig), a_orig, limit);
+        vfloat b = vselect((b_orig > neg_limit) | (b_orig != b_orig), b_orig, neg_limit);
+        b = vselect((b < limit) | (b != b), b, limit);
+        vfloat e = device_expv(a);
+        vfloat s = e / (e + 1.0f);
+        vfloat silu = a * s;
+        vfloat dsilu = s * (((1.0f - s) * a) + 1.0f);
+        vfloat g = vload(gy + i);
+        vfloat gx0 = (g * b) * dsilu;
+        vfloat gx1 = g * silu;
+        vstore(x0 + i, gx0 * vselect(a_orig < limit, one, zero));
+        vstore(x1 + i, gx1 * vselect((neg_limit < b_orig) & (b_orig < limit), one, zero));
+    }
+}
+
+/* One tree level over two vectors: the sums of adjacent lanes of a:b, in order. */
+INLINE vfloat pair_sums(vfloat a, vfloat b)
+{
+    return __builtin_shuffle(a, b, (vint)EVEN_LANES) + __builtin_shuffle(a, b, (vint)ODD_LANES);
+}
+
+/* tree_sum of 64 elements: the same additions in the same order, a vector at a time until
+ * fewer than two vectors are left. */
+INLINE float tree_sum64(const float *v)
+{
+    vfloat level[CHUNK / LANES];
+    size_t count = CHUNK / LANES;
+    for (size_t k = 0; k < count; k++) level[k] = vload(v + LANES * k);
+    while (count > 1) {
+        for (size_t k = 0; k < count / 2; k++) level[k] = pair_sums(level[2 * k], level[2 * k + 1]);
+        count /= 2;
+    }
+    float rest[LANES];
+    vstore(rest, level[0]);
+    return tree_sum(rest, LANES);
+}
+
+static void products_vector(const float *restrict gy, const float *restrict yo,
+                                       float *restrict products, size_t n)
+{
+    for (size_t i = 0; i < n; i += LANES) vstore(products + i, vload(gy + i) * vload(yo + i));
+}
+
+static size_t chunk_sums_vector(float *products, size_t n, float *restrict partials)
+{
+    size_t chunks = 0, c0 = 0;
+    for (; c0 + CHUNK <= n; c0 += CHUNK) partials[chunks++] = tree_sum64(products + c0);
+    if (c0 < n) partials[chunks++] = tree_sum(products + c0, n - c0);
+    return chunks;
+}
+
+INLINE vfloat load_as_float(aclDataType dtype, const char *p, size_t i)
+{
+    if (dtype == ACL_FLOAT) return vload((const float *)p + i);
+    vhalf h;
+    memcpy(&h, (const uint16_t *)p + i, sizeof h);
+    return dtype == ACL_FLOAT16 ? half_to_floatv(h) : bf16_to_floatv(h);
+}
+
+INLINE void store_from_float(aclDataType dtype, char *p, size_t i, vfloat v)
+{
+    if (dtype == ACL_FLOAT) {
+        vstore((float *)p + i, canonical_f32v(v));
+        return;
+    }
+    vhalf h = dtype == ACL_FLOAT16 ? float_to_halfv(v) : float_to_bf16v(v);
+    memcpy((uint16_t *)p + i, &h, sizeof h);
+}
+
+/* The whole per-element computation of docs/kernel.md on whole vectors, straight from the
+ * inputs to the outputs; the same operations in the same order as the unfused functions. */
+INLINE size_t fused_body(aclDataType dtype, int clamp_on, int has_weight, const fused_block *b)
+{
+    const size_t n = b->n / LANES * LANES;
+    const vfloat weight = vsplat(b->weight), limit = vsplat(b->clamp), neg_limit = vsplat(-b->clamp);
+    const vfloat one = vsplat(1.0f), zero = vsplat(0.0f);
+    for (size_t i = 0; i < n; i += LANES) {
+        vfloat g = load_as_float(dtype, b->gy, i);
+        vfloat a_orig = load_as_float(dtype, b->x0, i);
+        vfloat b_orig = load_as_float(dtype, b->x1, i);
+        if (has_weight) {
+            vstore(b->products + i, g * load_as_float(dtype, b->yo, i));
+            g = g * weight;
+        }
+        vfloat a = a_orig, bv = b_orig;
+        if (clamp_on) {
+            a = vselect((a_orig < limit) | (a_orig != a_orig), a_orig, limit);
+            bv = vselect((b_orig > neg_limit) | (b_orig != b_orig), b_orig, neg_limit);
+            bv = vselect((bv < limit) | (bv != bv), bv, limit);
+        }
+        vfloat e = device_expv(a);
+        vfloat s = e / (e + 1.0f);
+        vfloat silu = a * s;
+        vfloat dsilu = s * (((1.0f - s) * a) + 1.0f);
+        vfloat gx0 = (g * bv) * dsilu;
+        vfloat gx1 = g * silu;
+        if (clamp_on) {
+            gx0 = gx0 * vselect(a_orig < limit, one, zero);
+            gx1 = gx1 * vselect((neg_limit < b_orig) & (b_orig < limit), one, zero);
+        }
+        store_from_float(dtype, b->gx0, i, gx0);
+        store_from_float(dtype, b->gx1, i, gx1);
+    }
+    return n;
+}
+
+#define DEFINE_FUSED(suffix, dtype, clamp_on, has_weight)                                         \
+    static size_t fused_##suffix(const fused_block *b)                                  \
+    {                                                                                              \
+        return fused_body(dtype, clamp_on, has_weight, b);                                         \
+    }
+DEFINE_FUSED(f32, ACL_FLOAT, 0, 0)
+DEFINE_FUSED(f32_w, ACL_FLOAT, 0, 1)
+DEFINE_FUSED(f32_c, ACL_FLOAT, 1, 0)
+DEFINE_FUSED(f32_cw, ACL_FLOAT, 1, 1)
+DEFINE_FUSED(f16, ACL_FLOAT16, 0, 0)
+DEFINE_FUSED(f16_w, ACL_FLOAT16, 0, 1)
+DEFINE_FUSED(f16_c, ACL_FLOAT16, 1, 0)
+DEFINE_FUSED(f16_cw, ACL_FLOAT16, 1, 1)
+DEFINE_FUSED(bf16, ACL_BF16, 0, 0)
+DEFINE_FUSED(bf16_w, ACL_BF16, 0, 1)
+DEFINE_FUSED(bf16_c, ACL_BF16, 1, 0)
+DEFINE_FUSED(bf16_cw, ACL_BF16, 1, 1)
+
+static void scale_vector(float *v, size_t n, float w)
+{
+    for (size_t i = 0; i < n; i += LANES) vstore(v + i, vload(v + i) * w);
+}
+
+#define VECTOR_COMMON grad_vector, grad_clamped_vector, products_vector, chunk_sums_vector, scale_vector
+const kernel_impl KERNEL_TABLE[3] = {
+    {load_f32_vector, store_f32_vector, VECTOR_COMMON, {{fused_f32, fused_f32_w}, {fused_f32_c, fused_f32_cw}}},
+    {load_f16_vector, store_f16_vector, VECTOR_COMMON, {{fused_f16, fused_f16_w}, {fused_f16_c, fused_f16_cw}}},
+    {load_bf16_vector, store_bf16_vector, VECTOR_COMMON,
+     {{fused_bf16, fused_bf16_w}, {fused_bf16_c, fused_bf16_cw}}},
+};
