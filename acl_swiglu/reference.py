@@ -9,7 +9,10 @@ tells which positions, so that `compare` can report them instead of failing on t
 from __future__ import annotations
 
 import math
+import mmap
 import numbers
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 import ml_dtypes
@@ -35,9 +38,11 @@ _MAX_RANK = 8
 #: float32(88.72284): from here on the device's fp32 exp is +inf and its sigmoid e/(e+1) is NaN.
 EXP_OVERFLOW_X = 88.72283935546875
 
-# Elements of x (2H per row) handled per chunk: the float64 temporaries stay cache-sized
-# (about half a MB each) whatever the input size, so memory is the outputs plus a constant.
-_CHUNK_ELEMENTS = 1 << 16
+# Elements of x (2H per row) handled per chunk: the float64 temporaries (about 1 MB each, a
+# few per thread) stay the same whatever the input size, so memory is the outputs plus a
+# constant; chunks this large keep NumPy's loops long enough for two threads to overlap.
+_CHUNK_ELEMENTS = 1 << 18
+_THREADS = max(1, min(2, os.cpu_count() or 1))
 
 #: dtype name -> (tol, allowed failing fraction, MERE threshold Th); MARE is judged against 10*Th.
 TOLERANCES = {
@@ -166,49 +171,114 @@ def swiglu_group_quant_grad(grad_y, x, weight=None, y_origin=None, group_index=N
     c = _check_clamp(clamp_limit)
     trunc = _trunc(group_index, rows)
 
-    grad_x = np.zeros(x.shape, dtype=np.float64)
+    grad_x = _output(x.shape)
     gx2 = grad_x.reshape(rows, 2 * h)
+    gx2[trunc:] = 0.0
     grad_w = None
+    gw1 = w1 = yo2 = None
     if weight is not None:
-        grad_w = np.zeros(weight.shape, dtype=np.float64)
+        grad_w = _output(weight.shape)
         gw1 = grad_w.reshape(rows)
+        gw1[trunc:] = 0.0
         w1 = weight.reshape(rows)
         yo2 = y_origin.reshape(rows, h)
     gy2 = grad_y.reshape(rows, h)
     x2 = x.reshape(rows, 2 * h)
 
     step = _chunk_rows(2 * h)
-    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
-        for r0 in range(0, trunc, step):
-            r1 = min(trunc, r0 + step)
-            gy = _widen(gy2[r0:r1])
-            if weight is not None:
-                # Raw grad_y, before weighting and without clamp mask.
-                np.einsum("ij,ij->i", gy, _widen(yo2[r0:r1]), out=gw1[r0:r1])
-                gy *= w1[r0:r1, None].astype(np.float64)
-            x0o = _widen(x2[r0:r1, :h])
-            x1o = _widen(x2[r0:r1, h:])
-            x0, x1 = _clamped(x0o, x1o, c)
-            s, sn = _sigmoid_pair(x0)
-            silu = x0 * s
-            # dsilu = s * (1 + x0 * (1 - s))
-            sn *= x0
-            sn += 1.0
-            sn *= s
-            del s
-            out0 = gx2[r0:r1, :h]
-            out1 = gx2[r0:r1, h:]
-            np.multiply(gy, x1, out=out0)
-            out0 *= sn
-            np.multiply(gy, silu, out=out1)
-            del sn, silu
-            if c is not None:
-                cf = float(c)
-                # Strict comparisons on the original values, applied by multiplication so a
-                # masked negative is -0.0 and a masked NaN stays NaN.
-                out0 *= (x0o < cf)
-                out1 *= (x1o > -cf) & (x1o < cf)
+    starts = list(range(0, trunc, step))
+
+    def run(part: list) -> None:
+        scratch = _Scratch(step, h)
+        for r0 in part:
+            _rows(r0, min(trunc, r0 + step), gy2, x2, yo2, w1, c, gx2, gw1, scratch)
+
+    # Rows are independent and NumPy releases the GIL in its loops: a second thread halves
+    # the time on two cores. Each thread takes a contiguous run of chunks.
+    threads = min(_THREADS, len(starts))
+    if threads <= 1:
+        run(starts)
+    else:
+        per = -(-len(starts) // threads)
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(run, [starts[i:i + per] for i in range(0, len(starts), per)]))
     return grad_x, grad_w
+
+
+# Outputs from this size up come from their own anonymous mapping. NumPy asks the kernel for
+# transparent huge pages on large arrays, and where the kernel must compact memory to find them
+# (THP "defrag" on madvise, common on VMs) the first touch of each page can cost many times the
+# arithmetic done on it.
+_MAPPED_OUTPUT_BYTES = 64 << 20
+
+
+def _output(shape) -> np.ndarray:
+    """A float64 array for a result (contents undefined)."""
+    nbytes = math.prod(shape) * 8
+    if nbytes < _MAPPED_OUTPUT_BYTES:
+        return np.empty(shape, dtype=np.float64)
+    flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0x20) | getattr(mmap, "MAP_POPULATE", 0)
+    # MAP_POPULATE maps every page in one go instead of one fault per page.
+    return np.frombuffer(mmap.mmap(-1, nbytes, flags=flags), dtype=np.float64).reshape(shape)
+
+
+class _Scratch:
+    """float64 work arrays for one chunk of rows, reused from chunk to chunk."""
+
+    def __init__(self, rows: int, h: int):
+        shape = (rows, h)
+        self.x0, self.x1, self.t, self.s, self.u = (np.empty(shape) for _ in range(5))
+        self.gy = np.empty(shape)
+        self.mask, self.mask2 = (np.empty(shape, dtype=bool) for _ in range(2))
+
+    def view(self, rows: int):
+        return [a[:rows] for a in (self.gy, self.x0, self.x1, self.t, self.s, self.u, self.mask, self.mask2)]
+
+
+def _rows(r0, r1, gy2, x2, yo2, w1, c, gx2, gw1, scratch: _Scratch) -> None:
+    """Rows [r0, r1) of the documented math, in float64, into gx2 (and gw1)."""
+    h = gy2.shape[1]
+    gy, x0, x1, t, s, u, mask, mask2 = scratch.view(r1 - r0)
+    np.copyto(gy, gy2[r0:r1], casting="unsafe")          # widening to float64 is exact
+    np.copyto(x0, x2[r0:r1, :h], casting="unsafe")
+    np.copyto(x1, x2[r0:r1, h:], casting="unsafe")
+    with np.errstate(invalid="ignore", over="ignore", under="ignore", divide="ignore"):
+        if w1 is not None:
+            # Raw grad_y, before weighting and without clamp mask.
+            np.copyto(t, yo2[r0:r1], casting="unsafe")
+            np.einsum("ij,ij->i", gy, t, out=gw1[r0:r1])
+            gy *= w1[r0:r1, None]
+        if c is not None:
+            cf = float(c)
+            # Strict masks on the ORIGINAL values (taken before the clamp overwrites them);
+            # -c < x1 < c is |x1| < c, and NaN fails both.
+            np.less(x0, cf, out=mask)
+            np.abs(x1, out=t)
+            np.less(t, cf, out=mask2)
+            # minimum and clip propagate NaN, as the operator's clamp does.
+            np.minimum(x0, cf, out=x0)
+            np.clip(x1, -cf, cf, out=x1)
+        # sigmoid = 1 / (1 + exp(-x0)); exp overflowing to inf gives 0, as the limit does.
+        np.negative(x0, out=s)
+        np.exp(s, out=s)
+        s += 1.0
+        np.reciprocal(s, out=s)
+        # dsilu = s * (1 + x0 * (1 - s))
+        np.subtract(1.0, s, out=u)
+        u *= x0
+        u += 1.0
+        u *= s
+        # The masks multiply a factor rather than the product: the same zeros (signed), NaNs
+        # and values, and each output is written once. (No float64 product of fp32-range
+        # inputs overflows, so inf * 0 cases coincide too.)
+        if c is not None:
+            u *= mask
+        np.multiply(gy, x1, out=t)
+        np.multiply(t, u, out=gx2[r0:r1, :h])
+        np.multiply(x0, s, out=u)          # silu
+        if c is not None:
+            u *= mask2
+        np.multiply(gy, u, out=gx2[r0:r1, h:])
 
 
 def swiglu(x, clamp_limit=None):
