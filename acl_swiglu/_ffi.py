@@ -139,6 +139,8 @@ def _bind(lib: ctypes.CDLL, symbol: str, restype, argtypes):
 HOT_PATH = (
     ("operator", "aclnnSwigluGroupQuantGrad", aclnnStatus),
     ("runtime", "aclrtSynchronizeStream", aclError),
+    ("meta", "aclSetInputTensorAddr", aclnnStatus),
+    ("meta", "aclSetOutputTensorAddr", aclnnStatus),
 )
 
 

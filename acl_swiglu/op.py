@@ -52,6 +52,7 @@ def _stream_argument(stream) -> Stream:
     stream.check_open("stream")
     return stream
 OUTPUT_SLOTS = ("grad_x", "grad_weight")                              # aclSetOutputTensorAddr indexes
+_SLOT_ORDER = ("grad_y", "x", "weight", "y_origin", "group_index", "grad_x", "grad_weight")
 PHASE2 = "aclnnSwigluGroupQuantGrad"
 
 
@@ -381,6 +382,7 @@ class SwigluGroupQuantGradPlan:
             self._bound = {name: a.ptr for name, a in self._arrays.items() if a is not None}
             # The plan's own handles: rebinding writes into them, so they are not shared.
             self._tensors = {name: AclTensor(a) for name, a in self._arrays.items() if a is not None}
+            self._setters = self._address_setters()
             self._group_values = (tuple(int(v) for v in np.asarray(group_index, dtype=np.int64))
                                   if abi == 1 and group_index is not None else None)
             self._executor = self._build_executor(self._group_values)
@@ -395,6 +397,18 @@ class SwigluGroupQuantGradPlan:
         except BaseException:
             self.close()
             raise
+
+    def _address_setters(self) -> dict:
+        """For each bindable argument: its setter, slot index, tensor and API name, as ctypes wants them."""
+        hot = runtime_api().hot
+        setters = {}
+        for name, tensor in self._tensors.items():
+            output = name in OUTPUT_SLOTS
+            setters[name] = (hot.aclSetOutputTensorAddr if output else hot.aclSetInputTensorAddr,
+                             ctypes.c_size_t((OUTPUT_SLOTS if output else INPUT_SLOTS).index(name)),
+                             ctypes.cast(tensor._as_parameter_, ctypes.c_void_p),
+                             "aclSetOutputTensorAddr" if output else "aclSetInputTensorAddr")
+        return setters
 
     def _build_executor(self, group_values=None) -> Executor:
         """A repeatable executor over the plan's tensors (revision 1: with these group counts)."""
@@ -456,38 +470,30 @@ class SwigluGroupQuantGradPlan:
         return grad_x_array, grad_weight_array
 
     def _rebind_all(self, api, grad_y, x, weight, y_origin, group_index, grad_x, grad_weight) -> None:
-        given = {"grad_y": grad_y, "x": x, "weight": weight, "y_origin": y_origin, "grad_x": grad_x,
-                 "grad_weight": grad_weight}
-        if self.problem.abi == 2:
-            given["group_index"] = group_index
-        for name, array in given.items():
+        arrays = (grad_y, x, weight, y_origin, group_index if self.problem.abi == 2 else None, grad_x, grad_weight)
+        for name, array in zip(_SLOT_ORDER, arrays):
             if array is not None:
                 self._rebind(api, name, array)
         if self.problem.abi == 1 and group_index is not None:
             self._regroup(group_index)
-        self._checked_at = -1
 
     def _rebind(self, api, name: str, array: DeviceArray) -> None:
-        if name not in self._layouts:
+        layout = self._layouts.get(name)
+        if layout is None:
             raise ArgumentError(f"the plan was built without {name}; build another plan to use it")
         if not isinstance(array, DeviceArray):
             raise TypeError(f"{name} must be a DeviceArray, got {type(array).__name__}")
         if array.closed:
             raise HandleClosedError(f"{name} is a closed DeviceArray")
-        if array.layout() != self._layouts[name]:
+        if array.layout() != layout:
             raise ArgumentError(f"{name} has layout (shape, dtype, strides, offset) {array.layout()}; the plan was "
-                                f"built for {self._layouts[name]}")
+                                f"built for {layout}")
         ptr = array.ptr
         if ptr != self._bound[name]:
-            if name in OUTPUT_SLOTS:
-                status = api.raw.aclSetOutputTensorAddr(self._executor, OUTPUT_SLOTS.index(name),
-                                                        self._tensors[name], ptr)
-                api_name = "aclSetOutputTensorAddr"
-            else:
-                status = api.raw.aclSetInputTensorAddr(self._executor, INPUT_SLOTS.index(name),
-                                                       self._tensors[name], ptr)
-                api_name = "aclSetInputTensorAddr"
-            op_check(api, status, api_name)
+            set_address, index, tensor, api_name = self._setters[name]
+            status = set_address(self._launch_args[2], index, tensor, ctypes.c_void_p(ptr))
+            if status:
+                op_check(api, status, api_name)
             self._bound[name] = ptr
         self._arrays[name] = array
 

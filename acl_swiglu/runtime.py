@@ -471,6 +471,7 @@ class DeviceArray:
         self.offset = int(offset)
         self.pending: Optional[Stream] = None   # last stream with queued writes to it
         self._tensor = None                      # cached aclTensor for this exact view
+        self._layout = (self.shape, self.dtype, self.strides, self.offset)
 
     # -- construction --
 
@@ -533,7 +534,8 @@ class DeviceArray:
         return self.offset == 0 and self.strides == _contiguous_strides(self.shape)
 
     def layout(self) -> tuple:
-        return (self.shape, self.dtype, self.strides, self.offset)
+        """(shape, dtype, strides, offset): what a plan needs to be the same to rebind it."""
+        return self._layout
 
     # -- data --
 
