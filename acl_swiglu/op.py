@@ -18,7 +18,7 @@ from ._loader import abi_revision
 from ._validate import Problem, validate
 from .errors import ArgumentError, HandleClosedError, HostMemoryError
 from ._scratch import CallScratch, check
-from .runtime import (DeviceArray, DeviceBuffer, Owned, Stream, close_count, default_stream, in_forked_child,
+from .runtime import (DeviceArray, DeviceBuffer, Owned, Stream, _closes, _runtime, default_stream, in_forked_child,
                       runtime_api)
 from .tensor import AclIntArray, AclTensor, tensor_for
 
@@ -42,6 +42,32 @@ def op_check(api, status: int, name: str) -> None:
         _ffi.raise_status(status, name, api.get_message, describe_arguments)
 
 
+class _HotLaunch(ctypes.Structure):
+    """One plan call for native/src/hotpath/hotpath.c: what to call and with what."""
+
+    _fields_ = [("launch", ctypes.c_void_p), ("synchronize", ctypes.c_void_p), ("workspace", ctypes.c_void_p),
+                ("workspace_size", ctypes.c_uint64), ("executor", ctypes.c_void_p), ("stream", ctypes.c_void_p)]
+
+
+_HOTPATH_LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_native", "libaclswiglu_hotpath.so")
+_hotpath_function = []
+
+
+def _hotpath():
+    """acl_swiglu_hot_launch from the package's small C helper, or None (then plans make the
+    two calls from Python)."""
+    if not _hotpath_function:
+        function = None
+        if os.path.isfile(_HOTPATH_LIBRARY):
+            try:
+                function = ctypes.CDLL(_HOTPATH_LIBRARY).acl_swiglu_hot_launch
+                function.restype = ctypes.c_int32
+            except (OSError, AttributeError):
+                function = None
+        _hotpath_function.append(function)
+    return _hotpath_function[0]
+
+
 def _stream_argument(stream) -> Stream:
     """The stream to use: the default one for None; a TypeError or HandleClosedError otherwise."""
     if stream is None:
@@ -53,6 +79,7 @@ def _stream_argument(stream) -> Stream:
     return stream
 OUTPUT_SLOTS = ("grad_x", "grad_weight")                              # aclSetOutputTensorAddr indexes
 _SLOT_ORDER = ("grad_y", "x", "weight", "y_origin", "group_index", "grad_x", "grad_weight")
+_SYNC_OFF, _SYNC_ON = ctypes.c_int32(0), ctypes.c_int32(1)
 PHASE2 = "aclnnSwigluGroupQuantGrad"
 
 
@@ -368,6 +395,7 @@ class SwigluGroupQuantGradPlan:
         self._workspace_ptr = None
         self._workspace_size = 0
         self._launch = None
+        self._hot_call = None
         try:
             if grad_x is None:
                 grad_x = DeviceArray.empty(self.problem.x_shape, self.problem.dtype)
@@ -391,8 +419,11 @@ class SwigluGroupQuantGradPlan:
             if self._workspace_size:
                 self._workspace = DeviceBuffer(self._workspace_size)
                 self._workspace_ptr = self._workspace.ptr
-            self._launch = runtime_api().hot.aclnnSwigluGroupQuantGrad
+            hot = runtime_api().hot
+            self._launch = hot.aclnnSwigluGroupQuantGrad
+            self._synchronize = hot.aclrtSynchronizeStream
             self._set_launch_args()
+            self._outputs = (self._arrays["grad_x"], self._arrays["grad_weight"])
             self._checked_at = -1
         except BaseException:
             self.close()
@@ -428,6 +459,15 @@ class SwigluGroupQuantGradPlan:
     def _set_launch_args(self) -> None:
         self._launch_args = (ctypes.c_void_p(self._workspace_ptr), ctypes.c_uint64(self._workspace_size),
                              ctypes.cast(self._executor._as_parameter_, ctypes.c_void_p), self.stream._address)
+        hot = _hotpath()
+        if hot is not None:
+            self._hot_struct = _HotLaunch(ctypes.cast(self._launch, ctypes.c_void_p).value,
+                                          ctypes.cast(self._synchronize, ctypes.c_void_p).value,
+                                          self._workspace_ptr, self._workspace_size, self._launch_args[2].value,
+                                          self.stream._address.value)
+            self._hot_arguments = ctypes.byref(self._hot_struct)
+            self._hot_failed = ctypes.byref(ctypes.c_int32())
+            self._hot_call = hot
 
     @property
     def grad_x(self) -> DeviceArray:
@@ -443,31 +483,53 @@ class SwigluGroupQuantGradPlan:
 
     def __call__(self, grad_y: Optional[DeviceArray] = None, x: Optional[DeviceArray] = None,
                  weight: Optional[DeviceArray] = None, y_origin: Optional[DeviceArray] = None, group_index=None, *,
-                 grad_x: Optional[DeviceArray] = None, grad_weight: Optional[DeviceArray] = None
-                 ) -> Tuple[DeviceArray, Optional[DeviceArray]]:
-        """Launches phase 2 with the given arrays rebound (others keep their last binding).
-        Returns the bound (grad_x, grad_weight); the work is queued on the plan's stream."""
-        api = runtime_api()
+                 grad_x: Optional[DeviceArray] = None, grad_weight: Optional[DeviceArray] = None,
+                 synchronize: bool = False) -> Tuple[DeviceArray, Optional[DeviceArray]]:
+        """Launches phase 2 with the given arrays rebound (others keep their last binding) and
+        returns the bound (grad_x, grad_weight). The work is queued on the plan's stream; with
+        synchronize=True the call also waits for it (one call instead of two on the hot path)."""
+        local = _runtime.local
+        if getattr(local, "device", None) != _runtime.device_id:
+            runtime_api()   # this thread's first call: bind it to the device
         with self._lock:
             if self._closed:
                 raise HandleClosedError("this SwigluGroupQuantGradPlan was closed")
             if not (grad_y is None and x is None and weight is None and y_origin is None and group_index is None
                     and grad_x is None and grad_weight is None):
-                self._rebind_all(api, grad_y, x, weight, y_origin, group_index, grad_x, grad_weight)
-            if self._checked_at != close_count():
+                self._rebind_all(runtime_api(), grad_y, x, weight, y_origin, group_index, grad_x, grad_weight)
+            if self._checked_at != _closes[0]:
                 # Something was closed since the last check: every bound array, and the stream,
                 # must still own its memory.
                 _check_open(**self._arrays)
                 self.stream.check_open("stream")
-                self._checked_at = close_count()
-            status = self._launch(*self._launch_args)
-            if status:
-                op_check(api, status, PHASE2)
-            grad_x_array, grad_weight_array = self._arrays["grad_x"], self._arrays["grad_weight"]
-            grad_x_array.pending = self.stream
-            if grad_weight_array is not None:
-                grad_weight_array.pending = self.stream
-        return grad_x_array, grad_weight_array
+                self._checked_at = _closes[0]
+            hot = self._hot_call
+            if hot is not None:
+                status = hot(self._hot_arguments, _SYNC_ON if synchronize else _SYNC_OFF, self._hot_failed)
+                if status:
+                    self._raise_launch_failure(status, self._hot_failed._obj.value == 1)
+            else:
+                status = self._launch(*self._launch_args)
+                if status:
+                    self._raise_launch_failure(status, True)
+                if synchronize:
+                    status = self._synchronize(self._launch_args[3])
+                    if status:
+                        self._raise_launch_failure(status, False)
+            outputs = self._outputs
+            if not synchronize:
+                stream = self.stream
+                for array in outputs:
+                    if array is not None:
+                        array.pending = stream
+        return outputs
+
+    @staticmethod
+    def _raise_launch_failure(status: int, in_phase2: bool) -> None:
+        api = runtime_api()
+        if in_phase2:
+            op_check(api, status, PHASE2)
+        _ffi.raise_status(status, "aclrtSynchronizeStream", api.get_message)
 
     def _rebind_all(self, api, grad_y, x, weight, y_origin, group_index, grad_x, grad_weight) -> None:
         arrays = (grad_y, x, weight, y_origin, group_index if self.problem.abi == 2 else None, grad_x, grad_weight)
@@ -496,6 +558,8 @@ class SwigluGroupQuantGradPlan:
                 op_check(api, status, api_name)
             self._bound[name] = ptr
         self._arrays[name] = array
+        if name in OUTPUT_SLOTS:
+            self._outputs = (self._arrays["grad_x"], self._arrays["grad_weight"])
 
     def _regroup(self, group_index) -> None:
         values = np.asarray(group_index)

@@ -1,5 +1,6 @@
 """Host overhead of the binding: microseconds per call of the one-shot NumPy call, the
-device-level call and a plan call (each until results are ready, i.e. with synchronisation),
+device-level call and a plan call (each until results are ready: with synchronisation; the
+plan call as plan(synchronize=True), one Python call for launch + synchronize),
 beside the C driver making the same ACL calls against the same emulator libraries.
 
     python benchmarks/host_overhead.py [--quick] [--json]
@@ -59,8 +60,7 @@ def python_side(rows: int, hidden: int, repeats: int) -> dict:
         with acl.SwigluGroupQuantGradPlan(*arrays, 1.0, grad_x=grad_x, grad_weight=grad_weight,
                                           stream=stream) as plan:
             def plan_call():
-                plan()
-                stream.synchronize()
+                plan(synchronize=True)
 
             results["plan_call"] = median_us(time_calls(plan_call, repeats))
             sets = [(arrays[0], arrays[1], grad_x), (second[0], second[1], grad_x2)]
@@ -69,8 +69,7 @@ def python_side(rows: int, hidden: int, repeats: int) -> dict:
             def plan_rebind():
                 gy, xx, gx = sets[state[0] & 1]
                 state[0] += 1
-                plan(gy, xx, grad_x=gx)
-                stream.synchronize()
+                plan(gy, xx, grad_x=gx, synchronize=True)
 
             results["plan_rebind"] = median_us(time_calls(plan_rebind, repeats))
     finally:

@@ -20,6 +20,8 @@
 /* Rows below this many elements per thread are not worth a thread. */
 #define MIN_ELEMENTS_PER_THREAD ((int64_t)1 << 16)
 #define MAX_THREADS 256
+/* Chunk sums a single-threaded launch keeps on the stack (H up to 16384). */
+#define SMALL_PARTIALS 256
 
 float swiglu_device_expf(float x) { return device_expf(x); }
 
@@ -313,6 +315,14 @@ int swiglu_kernel_run(const swiglu_kernel_args *args, int threads, swiglu_kernel
 
     size_t chunks = (size_t)((args->hidden + CHUNK - 1) / CHUNK);
     size_t per_thread = chunks ? chunks : 1;
+    if (threads == 1 && per_thread <= SMALL_PARTIALS) {
+        /* The common small launch: everything on this thread, nothing to allocate. */
+        static __thread row_scratch own_scratch;   /* zero at thread start */
+        float partials[SMALL_PARTIALS];
+        row_range range = {args, impl, trunc, 0, args->rows, partials, &own_scratch};
+        run_rows(&range);
+        return 0;
+    }
     row_range *ranges = calloc((size_t)threads, sizeof *ranges);
     float *partials = malloc((size_t)threads * per_thread * sizeof *partials);
     pthread_t *ids = calloc((size_t)threads, sizeof *ids);
