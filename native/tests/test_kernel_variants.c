@@ -128,8 +128,62 @@ static void run_case(aclDataType dtype, int64_t rows, int64_t hidden, int step, 
     free(gy); free(x); free(yo); free(gx_scalar); free(gx_vector); free(w); free(gw_scalar); free(gw_vector);
 }
 
+static int64_t exp_mismatches;
+
+/* Compares a vector build's device_exp with the scalar one on inputs[0..n). */
+static void exp_compare(swiglu_kernel_variant variant, const float *in, size_t n)
+{
+    static float want[1 << 16], got[1 << 16];
+    swiglu_kernel_exp(SWIGLU_KERNEL_SCALAR, in, want, n);
+    swiglu_kernel_exp(variant, in, got, n);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t a, b;
+        memcpy(&a, &want[i], sizeof a);
+        memcpy(&b, &got[i], sizeof b);
+        if (a != b && !(isnan(want[i]) && isnan(got[i])) && exp_mismatches++ < 5) {
+            fprintf(stderr, "variant %d: exp(%a) = %a, scalar %a\n", (int)variant, (double)in[i], (double)got[i],
+                    (double)want[i]);
+        }
+    }
+}
+
+/* A vector build's device_exp takes a shortcut when all lanes lie in (-86.5, 88); it must give
+ * the scalar one's bits everywhere: every 61st float pattern, and every float near the edges of
+ * the shortcut's range and of exp's overflow and flush points. */
+static void exp_against_scalar(swiglu_kernel_variant variant)
+{
+    enum { BATCH = 1 << 16 };
+    static float in[BATCH];
+    size_t n = 0;
+    exp_mismatches = 0;
+    for (uint64_t bits = 0; bits < ((uint64_t)1 << 32); bits += 61) {
+        uint32_t u = (uint32_t)bits;
+        memcpy(&in[n++], &u, sizeof u);
+        if (n == BATCH) { exp_compare(variant, in, n); n = 0; }
+    }
+    static const float edges[] = {-104.0f, -87.33654f, -86.5f, 88.0f, 88.72284f, 89.0f};
+    for (size_t e = 0; e < sizeof edges / sizeof edges[0]; e++) {
+        float x = edges[e];
+        for (int k = 0; k < 200000; k++) x = nextafterf(x, -INFINITY);
+        for (int k = 0; k < 400000; k++) {
+            in[n++] = x;
+            x = nextafterf(x, INFINITY);
+            if (n == BATCH) { exp_compare(variant, in, n); n = 0; }
+        }
+    }
+    exp_compare(variant, in, n);
+    CHECK_EQ_INT(exp_mismatches, 0);
+}
+
 int main(void)
 {
+    static const swiglu_kernel_variant vector_builds[] = {SWIGLU_KERNEL_VECTOR_BASELINE, SWIGLU_KERNEL_VECTOR_AVX2,
+                                                          SWIGLU_KERNEL_VECTOR_AVX512};
+    for (size_t v = 0; v < 3; v++) {
+        if (swiglu_kernel_variant_available(vector_builds[v])) {
+            exp_against_scalar(vector_builds[v]);
+        }
+    }
     static const aclDataType dtypes[] = {ACL_FLOAT, ACL_FLOAT16, ACL_BF16};
     static const int64_t widths[] = {1, 7, 8, 63, 64, 65, 511, 512, 513, 1100};
     for (size_t d = 0; d < 3; d++) {

@@ -82,7 +82,13 @@ static void scale_scalar(float *v, size_t n, float w)
     for (size_t i = 0; i < n; i++) v[i] = v[i] * w;
 }
 
-#define SCALAR_COMMON grad_scalar, grad_clamped_scalar, products_scalar, chunk_sums_scalar, scale_scalar
+static void exp_block_scalar(const float *in, float *out, size_t n)
+{
+    for (size_t i = 0; i < n; i++) out[i] = device_expf(in[i]);
+}
+
+#define SCALAR_COMMON grad_scalar, grad_clamped_scalar, products_scalar, chunk_sums_scalar, scale_scalar, \
+    exp_block_scalar
 static const kernel_impl scalar_impls[3] = {
     {load_f32_scalar, store_f32_scalar, SCALAR_COMMON, {{NULL, NULL}, {NULL, NULL}}},
     {load_f16_scalar, store_f16_scalar, SCALAR_COMMON, {{NULL, NULL}, {NULL, NULL}}},
@@ -125,6 +131,16 @@ static const kernel_impl *implementation(swiglu_kernel_variant variant)
 int swiglu_kernel_variant_available(swiglu_kernel_variant variant)
 {
     return implementation(variant) != NULL;
+}
+
+int swiglu_kernel_exp(swiglu_kernel_variant variant, const float *in, float *out, size_t n)
+{
+    const kernel_impl *table = implementation(variant);
+    if (table == NULL) {
+        return -2;
+    }
+    table[0].exp_block(in, out, n);
+    return 0;
 }
 
 /* ---- rows ---- */

@@ -56,6 +56,9 @@ typedef enum {
 /* 1 when this build and CPU can run the variant. */
 int swiglu_kernel_variant_available(swiglu_kernel_variant variant);
 
+/* The variant's device_exp over n floats (for tests); -2 when the variant cannot run here. */
+int swiglu_kernel_exp(swiglu_kernel_variant variant, const float *in, float *out, size_t n);
+
 /* Rows to compute: min(uint32 wrapping sum of the groups, T), or T without groups. */
 int64_t swiglu_trunc(const swiglu_kernel_args *args);
 

@@ -145,6 +145,8 @@ typedef struct {
     /* The tree sum of each 64-chunk of products; returns the chunk count. */
     size_t (*chunk_sums)(float *products, size_t n, float *partials);
     void (*scale)(float *v, size_t n, float w);
+    /* device_exp over an array (tests compare it with the scalar one). */
+    void (*exp_block)(const float *in, float *out, size_t n);
     /* Loads, computes and stores whole vectors of a contiguous block in one pass, indexed
      * [clamp_on][has_weight]; returns how many elements it did (the rest is a short tail).
      * NULL in the scalar implementation. */
