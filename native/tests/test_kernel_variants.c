@@ -175,8 +175,56 @@ static void exp_against_scalar(swiglu_kernel_variant variant)
     CHECK_EQ_INT(exp_mismatches, 0);
 }
 
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+
+/* A caller's flush-to-zero / denormals-are-zero mode must not change the bytes: data made of
+ * subnormal and tiny values, run with both modes set, against the scalar kernel run without. */
+static void flush_modes_do_not_change_results(void)
+{
+    enum { ROWS = 9, H = 200 };
+    static float gy[ROWS * H], x[ROWS * 2 * H], yo[ROWS * H], w[ROWS];
+    static float want_gx[ROWS * 2 * H], got_gx[ROWS * 2 * H], want_gw[ROWS], got_gw[ROWS];
+    for (int i = 0; i < ROWS * H; i++) {
+        gy[i] = (i % 3 ? 1e-38f : 3e-39f) * (float)(1 + i % 7);   /* around FLT_MIN: products are subnormal */
+        yo[i] = 1e-3f * (float)(i % 5);
+    }
+    for (int i = 0; i < ROWS * 2 * H; i++) x[i] = (i % 2 ? 0.75f : -2.0f) + 1e-3f * (float)(i % 11);
+    for (int t = 0; t < ROWS; t++) w[t] = 0.5f;
+    swiglu_kernel_args a;
+    memset(&a, 0, sizeof a);
+    a.dtype = ACL_FLOAT;
+    a.rows = ROWS;
+    a.hidden = H;
+    view(&a.grad_y, gy, ROWS, H, H, 1);
+    view(&a.x, x, ROWS, 2 * H, 2 * H, 1);
+    view(&a.y_origin, yo, ROWS, H, H, 1);
+    a.has_weight = 1;
+    view(&a.weight, w, ROWS, 1, 1, 1);
+    view(&a.grad_x, want_gx, ROWS, 2 * H, 2 * H, 1);
+    view(&a.grad_weight, want_gw, ROWS, 1, 1, 1);
+    CHECK_EQ_INT(swiglu_kernel_run(&a, 1, SWIGLU_KERNEL_SCALAR), 0);
+    int subnormal = 0;
+    for (int i = 0; i < ROWS * 2 * H; i++) subnormal += want_gx[i] != 0.0f && fabsf(want_gx[i]) < 1.17549435e-38f;
+    CHECK(subnormal > 0);   /* the data does reach subnormal results */
+    unsigned int csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8040u);   /* FTZ and DAZ */
+    view(&a.grad_x, got_gx, ROWS, 2 * H, 2 * H, 1);
+    view(&a.grad_weight, got_gw, ROWS, 1, 1, 1);
+    CHECK_EQ_INT(swiglu_kernel_run(&a, 1, SWIGLU_KERNEL_VECTOR), 0);
+    unsigned int after = _mm_getcsr();
+    _mm_setcsr(csr);
+    CHECK_EQ_INT(after & 0x8040u, 0x8040u);   /* the caller's modes are put back */
+    CHECK(memcmp(want_gx, got_gx, sizeof want_gx) == 0);
+    CHECK(memcmp(want_gw, got_gw, sizeof want_gw) == 0);
+}
+#endif
+
 int main(void)
 {
+#if defined(__x86_64__)
+    flush_modes_do_not_change_results();
+#endif
     static const swiglu_kernel_variant vector_builds[] = {SWIGLU_KERNEL_VECTOR_BASELINE, SWIGLU_KERNEL_VECTOR_AVX2,
                                                           SWIGLU_KERNEL_VECTOR_AVX512};
     for (size_t v = 0; v < 3; v++) {

@@ -17,6 +17,12 @@
 
 #include "swiglu_kernel_impl.h"
 
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#define MXCSR_FLUSH_TO_ZERO 0x8000u
+#define MXCSR_DENORMALS_ARE_ZERO 0x0040u
+#endif
+
 /* Rows below this many elements per thread are not worth a thread. */
 #define MIN_ELEMENTS_PER_THREAD ((int64_t)1 << 16)
 #define MAX_THREADS 256
@@ -106,7 +112,7 @@ static const kernel_impl *implementation(swiglu_kernel_variant variant)
 #if defined(SWIGLU_HAVE_X86_VARIANTS)
     case SWIGLU_KERNEL_VECTOR_AVX2:
         __builtin_cpu_init();
-        return __builtin_cpu_supports("avx2") ? swiglu_vector_impls_avx2 : NULL;
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") ? swiglu_vector_impls_avx2 : NULL;
     case SWIGLU_KERNEL_VECTOR_AVX512:
         __builtin_cpu_init();
         return (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
@@ -279,6 +285,12 @@ static void *run_rows(void *arg)
 {
     const row_range *r = arg;
     static const float zeros[BLOCK];
+#if defined(__x86_64__)
+    /* IEEE arithmetic needs subnormals: a caller (or a framework) may have set
+     * flush-to-zero / denormals-are-zero on this thread; run without them, then put them back. */
+    unsigned int saved_csr = _mm_getcsr();
+    _mm_setcsr(saved_csr & ~(MXCSR_FLUSH_TO_ZERO | MXCSR_DENORMALS_ARE_ZERO));
+#endif
     for (int64_t t = r->first_row; t < r->end_row; t++) {
         if (t < r->trunc) {
             compute_row(r, t, r->scratch);
@@ -286,6 +298,9 @@ static void *run_rows(void *arg)
             zero_row(r, t, zeros);
         }
     }
+#if defined(__x86_64__)
+    _mm_setcsr(saved_csr);
+#endif
     return NULL;
 }
 

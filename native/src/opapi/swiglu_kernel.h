@@ -49,7 +49,7 @@ typedef enum {
     SWIGLU_KERNEL_VECTOR = 0,          /* the widest vector build this CPU runs (the default) */
     SWIGLU_KERNEL_SCALAR = 1,          /* one element at a time: the reference the others match */
     SWIGLU_KERNEL_VECTOR_BASELINE = 2, /* 8 lanes, no instruction-set extension */
-    SWIGLU_KERNEL_VECTOR_AVX2 = 3,     /* 8 lanes, x86-64 AVX2 */
+    SWIGLU_KERNEL_VECTOR_AVX2 = 3,     /* 8 lanes, x86-64 AVX2 and F16C */
     SWIGLU_KERNEL_VECTOR_AVX512 = 4    /* 16 lanes, x86-64 AVX-512 (F, DQ, BW, VL) */
 } swiglu_kernel_variant;
 

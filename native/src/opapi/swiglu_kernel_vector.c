@@ -6,7 +6,7 @@
  */
 #include "swiglu_kernel_impl.h"
 
-#if defined(__AVX__)
+#if defined(__AVX__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 
@@ -136,6 +136,24 @@ INLINE vhalf float_to_bf16v(vfloat f)
     return __builtin_convertvector(out, vhalf);
 }
 
+#if defined(__AVX512F__) && KERNEL_LANES == 16
+/* The CPU's own fp16 conversions: exact widening, round-half-even narrowing (subnormals and
+ * overflow to inf included, as the scalar code does); NaNs are made canonical first, so the
+ * narrowing gives 0x7E00 for them too. */
+INLINE vfloat half_to_floatv(vhalf h) { return (vfloat)_mm512_cvtph_ps((__m256i)h); }
+
+INLINE vhalf float_to_halfv(vfloat f)
+{
+    return (vhalf)_mm512_cvtps_ph((__m512)canonical_f32v(f), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+#elif defined(__F16C__) && KERNEL_LANES == 8
+INLINE vfloat half_to_floatv(vhalf h) { return (vfloat)_mm256_cvtph_ps((__m128i)h); }
+
+INLINE vhalf float_to_halfv(vfloat f)
+{
+    return (vhalf)_mm256_cvtps_ph((__m256)canonical_f32v(f), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+#else
 INLINE vfloat half_to_floatv(vhalf h)
 {
     vuint w = __builtin_convertvector(h, vuint);
@@ -161,6 +179,7 @@ INLINE vhalf float_to_halfv(vfloat f)
     h = vselect_int((vint)(a > 0x7F800000u), vsplat_int(CANONICAL_NAN_F16), h);
     return __builtin_convertvector((vuint)h, vhalf);
 }
+#endif
 
 /* -- vectorised: strided segments fall back to the scalar loops; blocks are processed in
  * whole vectors (scratch is BLOCK long), lanes past n compute on stale scratch and are never
