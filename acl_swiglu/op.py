@@ -8,6 +8,7 @@ import math
 import os
 import re
 import threading
+from threading import get_ident as _get_ident
 from contextlib import ExitStack
 from typing import Optional, Sequence, Tuple
 
@@ -79,6 +80,7 @@ def _stream_argument(stream) -> Stream:
     return stream
 OUTPUT_SLOTS = ("grad_x", "grad_weight")                              # aclSetOutputTensorAddr indexes
 _SLOT_ORDER = ("grad_y", "x", "weight", "y_origin", "group_index", "grad_x", "grad_weight")
+_CALL_ORDER = ("grad_y", "x", "weight", "y_origin", "group_index")   # positional arguments of a plan call
 _SYNC_OFF, _SYNC_ON = ctypes.c_int32(0), ctypes.c_int32(1)
 PHASE2 = "aclnnSwigluGroupQuantGrad"
 
@@ -208,10 +210,17 @@ _thread_streams: "list[Stream]" = []
 
 
 def _reset_after_fork() -> None:
-    global _thread_streams_lock, _thread_state
+    global _thread_streams_lock, _thread_state, _get_ident
     _thread_streams_lock = threading.Lock()   # another thread may have held it at the fork
     _thread_state = threading.local()
     _thread_streams.clear()
+    # The forking thread keeps its identity in the child: make every plan call go through
+    # runtime_api() again, which refuses ACL use in a forked child.
+    _get_ident = _no_thread_identity
+
+
+def _no_thread_identity() -> object:
+    return object()   # equal to no stored identity
 
 
 if hasattr(os, "register_at_fork"):
@@ -396,6 +405,7 @@ class SwigluGroupQuantGradPlan:
         self._workspace_size = 0
         self._launch = None
         self._hot_call = None
+        self._last_thread = None
         try:
             if grad_x is None:
                 grad_x = DeviceArray.empty(self.problem.x_shape, self.problem.dtype)
@@ -481,47 +491,88 @@ class SwigluGroupQuantGradPlan:
     def workspace_size(self) -> int:
         return self._executor.workspace_size if self._executor is not None else 0
 
-    def __call__(self, grad_y: Optional[DeviceArray] = None, x: Optional[DeviceArray] = None,
-                 weight: Optional[DeviceArray] = None, y_origin: Optional[DeviceArray] = None, group_index=None, *,
-                 grad_x: Optional[DeviceArray] = None, grad_weight: Optional[DeviceArray] = None,
-                 synchronize: bool = False) -> Tuple[DeviceArray, Optional[DeviceArray]]:
-        """Launches phase 2 with the given arrays rebound (others keep their last binding) and
-        returns the bound (grad_x, grad_weight). The work is queued on the plan's stream; with
-        synchronize=True the call also waits for it (one call instead of two on the hot path)."""
-        local = _runtime.local
-        if getattr(local, "device", None) != _runtime.device_id:
-            runtime_api()   # this thread's first call: bind it to the device
-        with self._lock:
-            if self._closed:
-                raise HandleClosedError("this SwigluGroupQuantGradPlan was closed")
-            if not (grad_y is None and x is None and weight is None and y_origin is None and group_index is None
-                    and grad_x is None and grad_weight is None):
-                self._rebind_all(runtime_api(), grad_y, x, weight, y_origin, group_index, grad_x, grad_weight)
-            if self._checked_at != _closes[0]:
-                # Something was closed since the last check: every bound array, and the stream,
-                # must still own its memory.
-                _check_open(**self._arrays)
-                self.stream.check_open("stream")
-                self._checked_at = _closes[0]
+    def __call__(self, *arrays: DeviceArray, synchronize: bool = False, **named: DeviceArray
+                 ) -> Tuple[DeviceArray, Optional[DeviceArray]]:
+        """plan(grad_y=None, x=None, weight=None, y_origin=None, group_index=None, *, grad_x=None,
+        grad_weight=None, synchronize=False): launches phase 2 with the given arrays rebound
+        (others keep their last binding) and returns the bound (grad_x, grad_weight). The work
+        is queued on the plan's stream; with synchronize=True the call also waits for it (one
+        call instead of two on the hot path)."""
+        if arrays or named:
+            return self._rebind_and_launch(arrays, named, synchronize)
+        ident = _get_ident()
+        if ident != self._last_thread:
+            runtime_api()   # a thread's first call: bind it to the device
+            self._last_thread = ident
+        lock = self._lock
+        lock.acquire()
+        try:
+            # The hot path needs the C helper and nothing closed since the last check (close()
+            # clears _hot_call, so a closed plan never takes it).
             hot = self._hot_call
-            if hot is not None:
+            if hot is not None and self._checked_at == _closes[0]:
                 status = hot(self._hot_arguments, _SYNC_ON if synchronize else _SYNC_OFF, self._hot_failed)
                 if status:
                     self._raise_launch_failure(status, self._hot_failed._obj.value == 1)
-            else:
-                status = self._launch(*self._launch_args)
+                outputs = self._outputs
+                if not synchronize:
+                    self._mark_pending(outputs)
+                return outputs
+            if self._closed:
+                raise HandleClosedError("this SwigluGroupQuantGradPlan was closed")
+            return self._launch_locked(synchronize)
+        finally:
+            lock.release()
+
+    def _mark_pending(self, outputs) -> None:
+        stream = self.stream
+        for array in outputs:
+            if array is not None:
+                array.pending = stream
+
+    def _rebind_and_launch(self, arrays, named, synchronize: bool):
+        if len(arrays) > len(_CALL_ORDER):
+            raise TypeError(f"a plan takes at most {len(_CALL_ORDER)} positional arrays ({', '.join(_CALL_ORDER)}), "
+                            f"got {len(arrays)}")
+        given = dict(zip(_CALL_ORDER, arrays))
+        for name, value in named.items():
+            if name not in _SLOT_ORDER:
+                raise TypeError(f"a plan takes no argument {name!r}; it takes {', '.join(_SLOT_ORDER)} and "
+                                "synchronize")
+            if name in given:
+                raise TypeError(f"{name} given twice")
+            given[name] = value
+        api = runtime_api()
+        with self._lock:
+            if self._closed:
+                raise HandleClosedError("this SwigluGroupQuantGradPlan was closed")
+            self._rebind_all(api, *(given.get(name) for name in _SLOT_ORDER))
+            return self._launch_locked(synchronize)
+
+    def _launch_locked(self, synchronize: bool):
+        """Phase 2 (and the synchronisation if asked); the plan's lock is held."""
+        if self._checked_at != _closes[0]:
+            # Something was closed since the last check: every bound array, and the stream,
+            # must still own its memory.
+            _check_open(**self._arrays)
+            self.stream.check_open("stream")
+            self._checked_at = _closes[0]
+        hot = self._hot_call
+        if hot is not None:
+            status = hot(self._hot_arguments, _SYNC_ON if synchronize else _SYNC_OFF, self._hot_failed)
+            if status:
+                self._raise_launch_failure(status, self._hot_failed._obj.value == 1)
+        else:
+            status = self._launch(*self._launch_args)
+            if status:
+                self._raise_launch_failure(status, True)
+            if synchronize:
+                status = self._synchronize(self._launch_args[3])
                 if status:
-                    self._raise_launch_failure(status, True)
-                if synchronize:
-                    status = self._synchronize(self._launch_args[3])
-                    if status:
-                        self._raise_launch_failure(status, False)
-            outputs = self._outputs
-            if not synchronize:
-                stream = self.stream
-                for array in outputs:
-                    if array is not None:
-                        array.pending = stream
+                    self._raise_launch_failure(status, False)
+        outputs = self._outputs
+        if not synchronize:
+            self._mark_pending(outputs)
         return outputs
 
     @staticmethod
@@ -585,6 +636,7 @@ class SwigluGroupQuantGradPlan:
             if self._closed:
                 return
             self._closed = True
+            self._hot_call = None
             try:
                 # Queued launches still use the executor and the outputs; a closed stream has
                 # already completed them.

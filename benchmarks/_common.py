@@ -44,16 +44,19 @@ def run_json(cmd: List[str], env: Optional[Dict[str, str]] = None, timeout: int 
     return json.loads(result.stdout)
 
 
-def time_calls(fn: Callable[[], object], repeats: int, warmup: int = 3) -> List[float]:
-    """Seconds per call, one sample per call."""
+def time_calls(fn: Callable[[], object], repeats: int, warmup: int = 3, batch: int = 1) -> List[float]:
+    """Seconds per call: each sample is the mean of `batch` calls in a row (so the clock's own
+    cost is spread over them), as the C drivers do."""
     for _ in range(warmup):
         fn()
     samples = []
     clock = time.perf_counter
+    calls = range(batch)
     for _ in range(repeats):
         start = clock()
-        fn()
-        samples.append(clock() - start)
+        for _ in calls:
+            fn()
+        samples.append((clock() - start) / batch)
     return samples
 
 

@@ -6,7 +6,7 @@ beside the C driver making the same ACL calls against the same emulator librarie
     python benchmarks/host_overhead.py [--quick] [--json]
 
 Rounds alternate C and Python so that both see the same machine load; each figure is the median
-over rounds of per-round medians.
+over rounds of per-round medians, each sample the mean of a batch of calls in a row.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ PLAN_RATIO_TARGET = 2.0          # plan call: at most 2x the C driver (tiny shap
 DEVICE_CALL_TARGET_US = 25.0     # one-shot device-level call: at most 25 us of host time (tiny shape)
 
 
-def python_side(rows: int, hidden: int, repeats: int) -> dict:
+def python_side(rows: int, hidden: int, repeats: int, batch: int) -> dict:
     """Runs in a child: the same scenarios as benchmarks/c/host_overhead.c, in Python."""
     import ml_dtypes
     import numpy as np
@@ -50,19 +50,19 @@ def python_side(rows: int, hidden: int, repeats: int) -> dict:
     results = {}
     try:
         results["one_shot"] = median_us(time_calls(
-            lambda: acl.swiglu_group_quant_grad(grad_y, x, weight, y_origin, groups, 1.0), repeats))
+            lambda: acl.swiglu_group_quant_grad(grad_y, x, weight, y_origin, groups, 1.0), repeats, batch=batch))
 
         def device_call():
             acl.swiglu_group_quant_grad_device(*arrays, 1.0, grad_x=grad_x, grad_weight=grad_weight, stream=stream)
             stream.synchronize()
 
-        results["device_call"] = median_us(time_calls(device_call, repeats))
+        results["device_call"] = median_us(time_calls(device_call, repeats, batch=batch))
         with acl.SwigluGroupQuantGradPlan(*arrays, 1.0, grad_x=grad_x, grad_weight=grad_weight,
                                           stream=stream) as plan:
             def plan_call():
                 plan(synchronize=True)
 
-            results["plan_call"] = median_us(time_calls(plan_call, repeats))
+            results["plan_call"] = median_us(time_calls(plan_call, repeats, batch=batch))
             sets = [(arrays[0], arrays[1], grad_x), (second[0], second[1], grad_x2)]
             state = [0]
 
@@ -71,7 +71,7 @@ def python_side(rows: int, hidden: int, repeats: int) -> dict:
                 state[0] += 1
                 plan(gy, xx, grad_x=gx, synchronize=True)
 
-            results["plan_rebind"] = median_us(time_calls(plan_rebind, repeats))
+            results["plan_rebind"] = median_us(time_calls(plan_rebind, repeats, batch=batch))
     finally:
         for array in arrays + second + [grad_x, grad_x2, grad_weight]:
             array.close()
@@ -85,15 +85,14 @@ def measure(quick: bool) -> dict:
     rounds = 3 if quick else 5
     results = {}
     for rows, hidden in SIZES:
-        repeats = 300 if quick else 2000
-        if rows * hidden > 100000:
-            repeats //= 4
+        repeats = 60 if quick else 200
+        batch = 20 if rows * hidden <= 100000 else 5
         c_rounds, py_rounds = [], []
         for _ in range(rounds):
-            c = run_json([driver, str(rows), str(hidden), str(repeats)])
+            c = run_json([driver, str(rows), str(hidden), str(repeats), str(batch)])
             c_rounds.append({k: v["median_us"] for k, v in c.items()})
-            py_rounds.append(run_json([sys.executable, __file__, "--child", str(rows), str(hidden), str(repeats)],
-                                      env=emulator_env(build)))
+            py_rounds.append(run_json([sys.executable, __file__, "--child", str(rows), str(hidden), str(repeats),
+                                       str(batch)], env=emulator_env(build)))
         size = f"T={rows} H={hidden}"
         results[size] = {
             scenario: {"python_us": statistics.median(r[scenario] for r in py_rounds),
@@ -131,7 +130,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds and calls")
     parser.add_argument("--json", action="store_true", help="print JSON")
-    parser.add_argument("--child", nargs=3, type=int, metavar=("T", "H", "REPEATS"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs=4, type=int, metavar=("T", "H", "REPEATS", "BATCH"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(python_side(*args.child)))

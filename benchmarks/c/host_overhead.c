@@ -2,7 +2,10 @@
  * The C side of benchmarks/host_overhead.py: the same ACL call sequences the Python paths make,
  * timed in C against the same libraries, so the ratio shows what the binding adds.
  *
- *   host_overhead T H REPEATS   ->  one JSON object of median/min microseconds per call
+ *   host_overhead T H REPEATS [BATCH]  ->  one JSON object of median/min microseconds per call
+ *
+ * Each sample times BATCH calls in a row (default 1) and records their mean, so that the cost of
+ * reading the clock is spread over the calls; benchmarks/host_overhead.py does the same.
  *
  * Scenarios (each ends with aclrtSynchronizeStream, as the Python side does):
  *   device_call:   phase 1 + phase 2 on existing device buffers and tensors
@@ -107,12 +110,14 @@ static aclnnStatus phase1(aclTensor *t[COUNT], uint64_t *ws, aclOpExecutor **ex)
 
 int main(int argc, char **argv)
 {
-    if (argc != 4) {
-        fprintf(stderr, "usage: host_overhead T H REPEATS\n");
+    if (argc != 4 && argc != 5) {
+        fprintf(stderr, "usage: host_overhead T H REPEATS [BATCH]\n");
         return 2;
     }
     int64_t T = atoll(argv[1]), H = atoll(argv[2]);
     int repeats = atoi(argv[3]);
+    int batch = argc == 5 ? atoi(argv[4]) : 1;
+    if (batch < 1) batch = 1;
     problem p;
     setup(&p, T, H);
     CHECK(aclInit(NULL));
@@ -136,10 +141,12 @@ int main(int argc, char **argv)
     /* device_call: both phases on existing buffers and tensors */
     for (int i = 0; i < repeats; i++) {
         double t0 = now_us();
-        CHECK(phase1(t, &ws, &ex));
-        CHECK(aclnnSwigluGroupQuantGrad(workspace, ws, ex, stream));
-        CHECK(aclrtSynchronizeStream(stream));
-        samples[i] = now_us() - t0;
+        for (int b = 0; b < batch; b++) {
+            CHECK(phase1(t, &ws, &ex));
+            CHECK(aclnnSwigluGroupQuantGrad(workspace, ws, ex, stream));
+            CHECK(aclrtSynchronizeStream(stream));
+        }
+        samples[i] = (now_us() - t0) / batch;
     }
     report("device_call", samples, repeats, 0);
 
@@ -150,20 +157,24 @@ int main(int argc, char **argv)
     CHECK(aclSetAclOpExecutorRepeatable(ex));
     for (int i = 0; i < repeats; i++) {
         double t0 = now_us();
-        CHECK(aclnnSwigluGroupQuantGrad(workspace, ws, ex, stream));
-        CHECK(aclrtSynchronizeStream(stream));
-        samples[i] = now_us() - t0;
+        for (int b = 0; b < batch; b++) {
+            CHECK(aclnnSwigluGroupQuantGrad(workspace, ws, ex, stream));
+            CHECK(aclrtSynchronizeStream(stream));
+        }
+        samples[i] = (now_us() - t0) / batch;
     }
     report("plan_call", samples, repeats, 0);
     for (int i = 0; i < repeats; i++) {
-        void **set = i % 2 ? dev : dev2;
         double t0 = now_us();
-        CHECK(aclSetInputTensorAddr(ex, 0, pt[GY], set[GY]));
-        CHECK(aclSetInputTensorAddr(ex, 1, pt[X], set[X]));
-        CHECK(aclSetOutputTensorAddr(ex, 0, pt[GX], set[GX]));
-        CHECK(aclnnSwigluGroupQuantGrad(workspace, ws, ex, stream));
-        CHECK(aclrtSynchronizeStream(stream));
-        samples[i] = now_us() - t0;
+        for (int b = 0; b < batch; b++) {
+            void **set = (i * batch + b) % 2 ? dev : dev2;
+            CHECK(aclSetInputTensorAddr(ex, 0, pt[GY], set[GY]));
+            CHECK(aclSetInputTensorAddr(ex, 1, pt[X], set[X]));
+            CHECK(aclSetOutputTensorAddr(ex, 0, pt[GX], set[GX]));
+            CHECK(aclnnSwigluGroupQuantGrad(workspace, ws, ex, stream));
+            CHECK(aclrtSynchronizeStream(stream));
+        }
+        samples[i] = (now_us() - t0) / batch;
     }
     report("plan_rebind", samples, repeats, 0);
     CHECK(aclDestroyAclOpExecutor(ex));
@@ -177,7 +188,7 @@ int main(int argc, char **argv)
         offsets[k] = arena;
         arena += (p.bytes[k] + 63) / 64 * 64;
     }
-    for (int i = 0; i < repeats; i++) {
+    for (int i = 0; i < repeats * batch; i++) {
         double t0 = now_us();
         void *base = NULL;
         aclTensor *ot[COUNT];
@@ -196,7 +207,8 @@ int main(int argc, char **argv)
         CHECK(aclrtMemcpy(out_gw, p.bytes[GW], (char *)base + offsets[GW], p.bytes[GW], ACL_MEMCPY_DEVICE_TO_HOST));
         for (int k = COUNT - 1; k >= 0; k--) CHECK(aclDestroyTensor(ot[k]));
         CHECK(aclrtFree(base));
-        samples[i] = now_us() - t0;
+        double elapsed = now_us() - t0;
+        samples[i / batch] = (i % batch ? samples[i / batch] : 0.0) + elapsed / batch;
     }
     report("one_shot", samples, repeats, 1);
     printf("}\n");
