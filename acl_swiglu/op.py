@@ -534,19 +534,26 @@ class SwigluGroupQuantGradPlan:
         if len(arrays) > len(_CALL_ORDER):
             raise TypeError(f"a plan takes at most {len(_CALL_ORDER)} positional arrays ({', '.join(_CALL_ORDER)}), "
                             f"got {len(arrays)}")
-        given = dict(zip(_CALL_ORDER, arrays))
-        for name, value in named.items():
+        for name in named:
             if name not in _SLOT_ORDER:
                 raise TypeError(f"a plan takes no argument {name!r}; it takes {', '.join(_SLOT_ORDER)} and "
                                 "synchronize")
-            if name in given:
+            if name in _CALL_ORDER[:len(arrays)]:
                 raise TypeError(f"{name} given twice")
-            given[name] = value
         api = runtime_api()
         with self._lock:
             if self._closed:
                 raise HandleClosedError("this SwigluGroupQuantGradPlan was closed")
-            self._rebind_all(api, *(given.get(name) for name in _SLOT_ORDER))
+            counts = None
+            for name, array in (*zip(_CALL_ORDER, arrays), *named.items()):
+                if array is None:
+                    continue
+                if name == "group_index" and self.problem.abi == 1:
+                    counts = array   # host counts, read at phase 1: after every address is rebound
+                else:
+                    self._rebind(api, name, array)
+            if counts is not None:
+                self._regroup(counts)
             return self._launch_locked(synchronize)
 
     def _launch_locked(self, synchronize: bool):
@@ -581,14 +588,6 @@ class SwigluGroupQuantGradPlan:
         if in_phase2:
             op_check(api, status, PHASE2)
         _ffi.raise_status(status, "aclrtSynchronizeStream", api.get_message)
-
-    def _rebind_all(self, api, grad_y, x, weight, y_origin, group_index, grad_x, grad_weight) -> None:
-        arrays = (grad_y, x, weight, y_origin, group_index if self.problem.abi == 2 else None, grad_x, grad_weight)
-        for name, array in zip(_SLOT_ORDER, arrays):
-            if array is not None:
-                self._rebind(api, name, array)
-        if self.problem.abi == 1 and group_index is not None:
-            self._regroup(group_index)
 
     def _rebind(self, api, name: str, array: DeviceArray) -> None:
         layout = self._layouts.get(name)
