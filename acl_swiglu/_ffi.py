@@ -141,6 +141,7 @@ HOT_PATH = (
     ("runtime", "aclrtSynchronizeStream", aclError),
     ("meta", "aclSetInputTensorAddr", aclnnStatus),
     ("meta", "aclSetOutputTensorAddr", aclnnStatus),
+    ("operator", "aclnnSwigluGroupQuantGradGetWorkspaceSize", aclnnStatus),
 )
 
 

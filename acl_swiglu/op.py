@@ -176,6 +176,14 @@ def _check_open(**arrays) -> None:
             raise HandleClosedError(f"{name} is a closed DeviceArray; its device memory was freed")
 
 
+def _check_all_open(grad_y, x, weight, y_origin, group_index, grad_x, grad_weight) -> None:
+    """_check_open for the operator's arguments, without building a dict on the common path."""
+    for array in (grad_y, x, weight, y_origin, group_index, grad_x, grad_weight):
+        if array is not None and array.closed:
+            _check_open(grad_y=grad_y, x=x, weight=weight, y_origin=y_origin, group_index=group_index,
+                        grad_x=grad_x, grad_weight=grad_weight)
+
+
 def _native(array):
     """A NumPy array in native byte order (a converted copy when it is not)."""
     if isinstance(array, np.ndarray) and not array.dtype.isnative:
@@ -313,20 +321,43 @@ def _raw_phase1(api, problem: Problem, gy, x, weight, y_origin, group, grad_x, g
     return handle, size.value
 
 
-def _raw_launch(api, executor, workspace_size: int, stream: Stream) -> None:
-    """Phase 2 of a single-use executor (consumed either way) with the stream's workspace."""
-    launch = api.raw.aclnnSwigluGroupQuantGrad
-    launched = []
+def _hot_phase1(api, problem: Problem, *arrays):
+    """Phase 1 on the arrays' own cached tensors, without per-argument ctypes conversions:
+    (executor handle, workspace size)."""
+    size = ctypes.c_uint64()
+    handle = ctypes.c_void_p()
+    addresses = [tensor_for(a).address if a is not None else None for a in arrays]
+    gy, x, weight, y_origin, group, grad_x, grad_weight = addresses
+    status = api.hot.aclnnSwigluGroupQuantGradGetWorkspaceSize(
+        gy, x, weight, y_origin, group, ctypes.c_double(problem.clamp_c_value), grad_x, grad_weight,
+        ctypes.byref(size), ctypes.byref(handle))
+    if status:
+        op_check(api, status, _ffi.OPERATOR_PHASE1)
+    return handle, size.value
 
-    def run(ptr):
-        launched.append(True)
-        return launch(ptr, workspace_size, executor, stream._as_parameter_)
+
+def _raw_launch(api, executor, workspace_size: int, stream: Stream, hot: bool = False) -> None:
+    """Phase 2 of a single-use executor (consumed either way) with the stream's workspace.
+    `hot`: the executor is a c_void_p, launched without per-argument conversions."""
+    launched = []
+    if hot:
+        launch, size, stream_arg = api.hot.aclnnSwigluGroupQuantGrad, ctypes.c_uint64(workspace_size), stream._address
+
+        def run(ptr):
+            launched.append(True)
+            return launch(ctypes.c_void_p(ptr), size, executor, stream_arg)
+    else:
+        launch = api.raw.aclnnSwigluGroupQuantGrad
+
+        def run(ptr):
+            launched.append(True)
+            return launch(ptr, workspace_size, executor, stream._as_parameter_)
 
     try:
         status = stream.run_with_workspace(workspace_size, run)
     except BaseException:
         if not launched:   # the workspace could not be had: the executor was never handed over
-            api.raw.aclDestroyAclOpExecutor(executor)
+            api.raw.aclDestroyAclOpExecutor(ctypes.cast(executor, _ffi.aclOpExecutor_p))
         raise
     op_check(api, status, PHASE2)
 
@@ -345,8 +376,7 @@ def swiglu_group_quant_grad_device(grad_y: DeviceArray, x: DeviceArray, weight: 
     problem = validate(grad_y, x, weight, y_origin, group_index, clamp_limit, abi=abi, array_types=(DeviceArray,),
                        array_text="a DeviceArray", group_host=abi == 1, grad_x=grad_x, grad_weight=grad_weight,
                        check_outputs=True)
-    _check_open(grad_y=grad_y, x=x, weight=weight, y_origin=y_origin, grad_x=grad_x, grad_weight=grad_weight,
-                group_index=group_index if abi == 2 else None)
+    _check_all_open(grad_y, x, weight, y_origin, group_index if abi == 2 else None, grad_x, grad_weight)
     stream = _stream_argument(stream)
     made = []
     try:
@@ -357,11 +387,15 @@ def swiglu_group_quant_grad_device(grad_y: DeviceArray, x: DeviceArray, weight: 
             grad_weight = DeviceArray.empty(problem.weight_shape, np.float32)
             made.append(grad_weight)
         api = runtime_api()
-        with ExitStack() as stack:
-            group = _group_argument(problem, group_index, stack)
-            executor, size = _raw_phase1(api, problem, tensor_for(grad_y), tensor_for(x), tensor_for(weight),
-                                         tensor_for(y_origin), group, tensor_for(grad_x), tensor_for(grad_weight))
-            _raw_launch(api, executor, size, stream)
+        if abi == 1 and group_index is not None:
+            with ExitStack() as stack:
+                group = _group_argument(problem, group_index, stack)
+                executor, size = _raw_phase1(api, problem, tensor_for(grad_y), tensor_for(x), tensor_for(weight),
+                                             tensor_for(y_origin), group, tensor_for(grad_x), tensor_for(grad_weight))
+                _raw_launch(api, executor, size, stream)
+        else:
+            executor, size = _hot_phase1(api, problem, grad_y, x, weight, y_origin, group_index, grad_x, grad_weight)
+            _raw_launch(api, executor, size, stream, hot=True)
     except BaseException:
         for array in made:
             array.close()

@@ -36,6 +36,7 @@ class AclTensor(Owned):
                                      storage, 1, data or None)
         raw_destroy = api.raw.aclDestroyTensor
         self._own(handle, lambda handle=handle: raw_destroy(handle))
+        self.address = ctypes.cast(handle, ctypes.c_void_p)   # for unprototyped hot-path calls
 
 
 class AclIntArray(Owned):
