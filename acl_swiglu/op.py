@@ -19,7 +19,7 @@ from ._loader import abi_revision
 from ._validate import Problem, validate
 from .errors import ArgumentError, HandleClosedError, HostMemoryError
 from ._scratch import CallScratch, check
-from .runtime import (DeviceArray, DeviceBuffer, Owned, Stream, _closes, _runtime, default_stream, in_forked_child,
+from .runtime import (DeviceArray, DeviceBuffer, Owned, Stream, _closes, default_stream, in_forked_child,
                       runtime_api)
 from .tensor import AclIntArray, AclTensor, tensor_for
 

@@ -7,7 +7,6 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from . import _ffi
 from ._dtypes import ACL_FORMAT_ND, acl_dtype
 from .runtime import DeviceArray, Owned, runtime_api
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -83,3 +84,23 @@ def table(headers: List[str], rows: List[List[object]]) -> str:
 
 def verdict(met: bool) -> str:
     return "met" if met else "NOT MET"
+
+
+def benchmark_main(doc: str, measure, report, child, argv=None, child_nargs=None, child_type=None) -> int:
+    """The command line of a benchmark script: --quick, --json, and the hidden --child that the
+    script runs in a subprocess (with the emulator libraries it must use)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer rounds")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    if child_nargs:
+        parser.add_argument("--child", nargs=child_nargs, type=child_type, help=argparse.SUPPRESS)
+    else:
+        parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        result = child(*args.child) if child_nargs else child(args.quick)
+        print(json.dumps(result))
+        return 0
+    data = measure(args.quick)
+    print(json.dumps(data, indent=2) if args.json else report(data))
+    return 0

@@ -11,15 +11,13 @@ over rounds of per-round medians, each sample the mean of a batch of calls in a 
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import BUILD, build_native, emulator_env, run_json, table, verdict  # noqa: E402
+from _common import BUILD, benchmark_main, build_native, emulator_env, run_json, table, verdict  # noqa: E402
 
 SIZES = ((1, 16), (64, 256), (512, 512))
 SCENARIOS = ("one_shot", "device_call", "plan_call", "plan_rebind")
@@ -127,17 +125,7 @@ def report(data: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer rounds and calls")
-    parser.add_argument("--json", action="store_true", help="print JSON")
-    parser.add_argument("--child", nargs=4, type=int, metavar=("T", "H", "REPEATS", "BATCH"), help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.child:
-        print(json.dumps(python_side(*args.child)))
-        return 0
-    data = measure(args.quick)
-    print(json.dumps(data, indent=2) if args.json else report(data))
-    return 0
+    return benchmark_main(__doc__, measure, report, python_side, argv, child_nargs=4, child_type=int)
 
 
 if __name__ == "__main__":

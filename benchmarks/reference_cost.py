@@ -7,15 +7,13 @@ inputs (plan call + synchronize).
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import build_native, emulator_env, run_json, table, verdict  # noqa: E402
+from _common import benchmark_main, build_native, emulator_env, run_json, table, verdict  # noqa: E402
 
 SIZES = ((4096, 4096), (8192, 4096), (16384, 4096))
 QUICK_SIZES = ((512, 1024), (1024, 1024), (2048, 1024))
@@ -106,17 +104,7 @@ def report(data: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smaller sizes")
-    parser.add_argument("--json", action="store_true", help="print JSON")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.child:
-        print(json.dumps(child(args.quick)))
-        return 0
-    data = measure(args.quick)
-    print(json.dumps(data, indent=2) if args.json else report(data))
-    return 0
+    return benchmark_main(__doc__, measure, report, child, argv)
 
 
 if __name__ == "__main__":

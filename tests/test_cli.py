@@ -890,7 +890,7 @@ def test_out_of_range_values_are_usage_errors(capsys):
         err = capsys.readouterr().err
         assert exit_info.value.code == 2
         assert err.startswith("usage: acl-swiglu-sample ")
-        assert f"acl-swiglu-sample: error: argument --clamp: must be a finite number > 0 within float32 range" in err
+        assert "acl-swiglu-sample: error: argument --clamp: must be a finite number > 0 within float32 range" in err
         assert value in err and "Traceback" not in err
 
 
