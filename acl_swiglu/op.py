@@ -103,6 +103,7 @@ class Executor(Owned):
         self.launches = 0
         self._keep_alive = list(keep_alive)   # tensors must outlive the executor
         self._arrays = dict(arrays or {})      # checked at launch: closed memory must not be used
+        handle = ctypes.cast(handle, _ffi.aclOpExecutor_p)
         raw_destroy = runtime_api().raw.aclDestroyAclOpExecutor
         self._own(handle, lambda handle=handle: raw_destroy(handle))
 
@@ -203,7 +204,7 @@ def _group_argument(problem: Problem, group_index, stack: ExitStack):
 
 def _phase1(problem: Problem, gy, x, weight, y_origin, group, grad_x, grad_weight) -> Executor:
     api = runtime_api()
-    handle, size = _raw_phase1(api, problem, gy, x, weight, y_origin, group, grad_x, grad_weight)
+    handle, size = _phase1_call(api, problem, gy, x, weight, y_origin, group, grad_x, grad_weight)
     keep = [t for t in (gy, x, weight, y_origin, grad_x, grad_weight) if t is not None]
     if problem.abi == 2 and group is not None:
         keep.append(group)
@@ -300,9 +301,9 @@ def swiglu_group_quant_grad(grad_y: np.ndarray, x: np.ndarray, weight: Optional[
             group = scratch.int_array(group_index)
         t_gx = scratch.tensor_for(out_x)
         t_gw = scratch.tensor_for(out_w) if out_w is not None else None
-        executor, size = _raw_phase1(api, problem, t_gy, t_x, t_w, t_yo, group, t_gx, t_gw)
+        executor, size = _phase1_call(api, problem, t_gy, t_x, t_w, t_yo, group, t_gx, t_gw)
         scratch.drain = stream._as_parameter_
-        _raw_launch(api, executor, size, stream)
+        _launch_single_use(api, executor, size, stream)
         check(api, api.raw.aclrtSynchronizeStream(stream._as_parameter_), "aclrtSynchronizeStream")
         scratch.download(out_x)
         if out_w is not None:
@@ -310,48 +311,28 @@ def swiglu_group_quant_grad(grad_y: np.ndarray, x: np.ndarray, weight: Optional[
     return grad_x, grad_weight
 
 
-def _raw_phase1(api, problem: Problem, gy, x, weight, y_origin, group, grad_x, grad_weight):
-    """Phase 1 on raw handles: (executor handle, workspace size)."""
+def _phase1_call(api, problem: Problem, gy, x, weight, y_origin, group, grad_x, grad_weight):
+    """Phase 1 on native handles: (executor as a c_void_p, workspace size). Each handle is an
+    AclTensor / AclIntArray (its cached address), a raw handle, or None. The call goes through
+    the unprototyped function with ready ctypes arguments: no per-argument conversions."""
     size = ctypes.c_uint64()
-    handle = _ffi.aclOpExecutor_p()
-    fn = (api.raw.aclnnSwigluGroupQuantGradGetWorkspaceSize if problem.abi == 2
-          else api.raw.aclnnSwigluGroupQuantGradGetWorkspaceSize_rev1)
-    op_check(api, fn(gy, x, weight, y_origin, group, problem.clamp_c_value, grad_x, grad_weight, ctypes.byref(size),
-                     ctypes.byref(handle)), _ffi.OPERATOR_PHASE1)
-    return handle, size.value
-
-
-def _hot_phase1(api, problem: Problem, *arrays):
-    """Phase 1 on the arrays' own cached tensors, without per-argument ctypes conversions:
-    (executor handle, workspace size)."""
-    size = ctypes.c_uint64()
-    handle = ctypes.c_void_p()
-    addresses = [tensor_for(a).address if a is not None else None for a in arrays]
-    gy, x, weight, y_origin, group, grad_x, grad_weight = addresses
+    executor = ctypes.c_void_p()
+    handles = [getattr(h, "address", h) for h in (gy, x, weight, y_origin, group, grad_x, grad_weight)]
     status = api.hot.aclnnSwigluGroupQuantGradGetWorkspaceSize(
-        gy, x, weight, y_origin, group, ctypes.c_double(problem.clamp_c_value), grad_x, grad_weight,
-        ctypes.byref(size), ctypes.byref(handle))
+        *handles[:5], ctypes.c_double(problem.clamp_c_value), *handles[5:], ctypes.byref(size), ctypes.byref(executor))
     if status:
         op_check(api, status, _ffi.OPERATOR_PHASE1)
-    return handle, size.value
+    return executor, size.value
 
 
-def _raw_launch(api, executor, workspace_size: int, stream: Stream, hot: bool = False) -> None:
-    """Phase 2 of a single-use executor (consumed either way) with the stream's workspace.
-    `hot`: the executor is a c_void_p, launched without per-argument conversions."""
+def _launch_single_use(api, executor: ctypes.c_void_p, workspace_size: int, stream: Stream) -> None:
+    """Phase 2 of a single-use executor (consumed either way) with the stream's workspace."""
+    launch, size, stream_address = api.hot.aclnnSwigluGroupQuantGrad, ctypes.c_uint64(workspace_size), stream._address
     launched = []
-    if hot:
-        launch, size, stream_arg = api.hot.aclnnSwigluGroupQuantGrad, ctypes.c_uint64(workspace_size), stream._address
 
-        def run(ptr):
-            launched.append(True)
-            return launch(ctypes.c_void_p(ptr), size, executor, stream_arg)
-    else:
-        launch = api.raw.aclnnSwigluGroupQuantGrad
-
-        def run(ptr):
-            launched.append(True)
-            return launch(ptr, workspace_size, executor, stream._as_parameter_)
+    def run(ptr):
+        launched.append(True)
+        return launch(ctypes.c_void_p(ptr), size, executor, stream_address)
 
     try:
         status = stream.run_with_workspace(workspace_size, run)
@@ -387,15 +368,11 @@ def swiglu_group_quant_grad_device(grad_y: DeviceArray, x: DeviceArray, weight: 
             grad_weight = DeviceArray.empty(problem.weight_shape, np.float32)
             made.append(grad_weight)
         api = runtime_api()
-        if abi == 1 and group_index is not None:
-            with ExitStack() as stack:
-                group = _group_argument(problem, group_index, stack)
-                executor, size = _raw_phase1(api, problem, tensor_for(grad_y), tensor_for(x), tensor_for(weight),
-                                             tensor_for(y_origin), group, tensor_for(grad_x), tensor_for(grad_weight))
-                _raw_launch(api, executor, size, stream)
-        else:
-            executor, size = _hot_phase1(api, problem, grad_y, x, weight, y_origin, group_index, grad_x, grad_weight)
-            _raw_launch(api, executor, size, stream, hot=True)
+        with ExitStack() as stack:
+            group = _group_argument(problem, group_index, stack)
+            executor, size = _phase1_call(api, problem, tensor_for(grad_y), tensor_for(x), tensor_for(weight),
+                                          tensor_for(y_origin), group, tensor_for(grad_x), tensor_for(grad_weight))
+            _launch_single_use(api, executor, size, stream)
     except BaseException:
         for array in made:
             array.close()

@@ -51,6 +51,7 @@ class AclIntArray(Owned):
         handle = api.aclCreateIntArray(pointer, values.size)
         raw_destroy = api.raw.aclDestroyIntArray
         self._own(handle, lambda handle=handle: raw_destroy(handle))
+        self.address = ctypes.cast(handle, ctypes.c_void_p)   # for unprototyped hot-path calls
         self.values = tuple(int(v) for v in values)
 
 
