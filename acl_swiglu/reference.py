@@ -138,11 +138,18 @@ def _clamped(x0: np.ndarray, x1: np.ndarray, c: np.float32 | None):
     return np.minimum(x0, cf), np.minimum(np.maximum(x1, -cf), cf)
 
 
-def swiglu_group_quant_grad(grad_y, x, weight=None, y_origin=None, group_index=None, clamp_limit=None):
+def swiglu_group_quant_grad(grad_y, x, weight=None, y_origin=None, group_index=None, clamp_limit=None,
+                            *, out=None):
     """Float64 gradients of SwiGLU with optional MoE weight, clamp and group truncation.
 
     Returns ``(grad_x, grad_weight)``: grad_x float64 with x's shape, grad_weight float64 with
     weight's shape (None without weight). Rows t >= trunc are +0.0 in both.
+
+    ``out=(grad_x, grad_weight)`` writes the results into those arrays instead (C-contiguous,
+    writeable float64 of the shapes above, grad_weight None exactly when weight is None, sharing
+    no memory with the inputs or each other) and returns them. Checking many batches of one
+    shape with the same two arrays saves allocating, and the kernel zeroing, gigabytes of fresh
+    pages on every call.
     """
     _check_data("grad_y", grad_y)
     rows, h = _check_x(x)
@@ -170,14 +177,16 @@ def swiglu_group_quant_grad(grad_y, x, weight=None, y_origin=None, group_index=N
             raise ValueError(f"y_origin must have grad_y's shape {grad_y.shape}, got {y_origin.shape}")
     c = _check_clamp(clamp_limit)
     trunc = _trunc(group_index, rows)
+    if out is not None:
+        grad_x, grad_w = _check_out(out, x, weight, (grad_y, x, weight, y_origin, group_index))
+    else:
+        grad_x = _output(x.shape)
+        grad_w = None if weight is None else _output(weight.shape)
 
-    grad_x = _output(x.shape)
     gx2 = grad_x.reshape(rows, 2 * h)
     gx2[trunc:] = 0.0
-    grad_w = None
     gw1 = w1 = yo2 = None
     if weight is not None:
-        grad_w = _output(weight.shape)
         gw1 = grad_w.reshape(rows)
         gw1[trunc:] = 0.0
         w1 = weight.reshape(rows)
@@ -210,6 +219,31 @@ def swiglu_group_quant_grad(grad_y, x, weight=None, y_origin=None, group_index=N
 # (THP "defrag" on madvise, common on VMs) the first touch of each page can cost many times the
 # arithmetic done on it.
 _MAPPED_OUTPUT_BYTES = 64 << 20
+
+
+def _check_out(out, x, weight, inputs) -> tuple:
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        raise TypeError(f"out must be a (grad_x, grad_weight) pair, got {type(out).__name__}")
+    checked = []
+    for name, arr, like in (("out[0] (grad_x)", out[0], x), ("out[1] (grad_weight)", out[1], weight)):
+        if like is None:
+            if arr is not None:
+                raise ValueError(f"{name} must be None when weight is None")
+            checked.append(None)
+            continue
+        if not isinstance(arr, np.ndarray):
+            raise TypeError(f"{name} must be a numpy.ndarray, got {type(arr).__name__}")
+        if arr.dtype != _F64:
+            raise TypeError(f"{name} must have dtype float64, got {arr.dtype}")
+        if arr.shape != like.shape:
+            raise ValueError(f"{name} must have shape {like.shape}, got {arr.shape}")
+        if not arr.flags.c_contiguous or not arr.flags.writeable:
+            raise ValueError(f"{name} must be C-contiguous and writeable")
+        for other in list(inputs) + checked:
+            if isinstance(other, np.ndarray) and np.may_share_memory(arr, other):
+                raise ValueError(f"{name} must not share memory with an input or the other output")
+        checked.append(arr)
+    return checked[0], checked[1]
 
 
 def _output(shape) -> np.ndarray:

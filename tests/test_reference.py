@@ -371,6 +371,70 @@ def test_chunking_does_not_change_results(monkeypatch):
     np.testing.assert_array_equal(R.swiglu(x, 3.0), R.swiglu(x, 3.0))
 
 
+def _out_case():
+    rng = np.random.default_rng(21)
+    gy = rng.standard_normal((6, 5)).astype(BF16)
+    x = (rng.standard_normal((6, 10)) * 3).astype(BF16)
+    w = rng.uniform(0, 1, (6, 1)).astype(np.float32)
+    yo = R.swiglu(x, 2.0).astype(BF16)
+    return gy, x, w, yo
+
+
+def test_out_writes_the_same_results_into_the_given_arrays():
+    gy, x, w, yo = _out_case()
+    fresh = R.swiglu_group_quant_grad(gy, x, w, yo, np.array([4]), 2.0)
+    # Stale contents (NaN everywhere, truncated rows included) must all be overwritten.
+    gx_out = np.full(x.shape, np.nan)
+    gw_out = np.full(w.shape, np.nan)
+    got = R.swiglu_group_quant_grad(gy, x, w, yo, np.array([4]), 2.0, out=[gx_out, gw_out])
+    assert got[0] is gx_out and got[1] is gw_out
+    np.testing.assert_array_equal(gx_out, fresh[0])
+    np.testing.assert_array_equal(gw_out, fresh[1])
+    assert not np.isnan(gx_out).any() and np.all(gx_out[4:] == 0.0) and np.all(gw_out[4:] == 0.0)
+    # Without weight the second slot is None and stays None.
+    gx_only = np.full(x.shape, np.nan)
+    got = R.swiglu_group_quant_grad(gy, x, out=(gx_only, None))
+    assert got[0] is gx_only and got[1] is None
+    np.testing.assert_array_equal(gx_only, R.swiglu_group_quant_grad(gy, x)[0])
+
+
+def test_out_validation_names_the_slot_and_leaves_arrays_untouched():
+    gy, x, w, yo = _out_case()
+    gw_ok = np.full(w.shape, 7.0)
+    bad = [
+        (np.full(x.shape, 7.0), TypeError, "pair"),
+        ((np.full(x.shape, 7.0),), TypeError, "pair"),
+        ((np.full(x.shape, 7.0, np.float32), gw_ok), TypeError, r"out\[0\].*float64"),
+        ((np.full((6, 11), 7.0), gw_ok), ValueError, r"out\[0\].*shape \(6, 10\)"),
+        ((np.full((10, 6), 7.0).T, gw_ok), ValueError, r"out\[0\].*C-contiguous"),
+        ((np.full(x.shape, 7.0), None), TypeError, r"out\[1\].*ndarray"),
+        ((np.full(x.shape, 7.0), np.full((6,), 7.0)), ValueError, r"out\[1\].*shape \(6, 1\)"),
+        ((x.tolist(), gw_ok), TypeError, r"out\[0\].*ndarray"),
+    ]
+    readonly = np.full(x.shape, 7.0)
+    readonly.flags.writeable = False
+    bad.append(((readonly, gw_ok), ValueError, "writeable"))
+    shared = np.full(x.shape, 7.0)
+    bad.append(((shared, shared.reshape(-1)[:6].reshape(6, 1)), ValueError, r"out\[1\].*share memory"))
+    for out, exc, pattern in bad:
+        with pytest.raises(exc, match=pattern):
+            R.swiglu_group_quant_grad(gy, x, w, yo, None, 2.0, out=out)
+        if isinstance(out, tuple):
+            for arr in out:
+                if isinstance(arr, np.ndarray):
+                    assert np.all(arr == 7.0)
+    assert np.all(gw_ok == 7.0)
+    with pytest.raises(ValueError, match=r"out\[1\].*None when weight is None"):
+        R.swiglu_group_quant_grad(gy, x, out=(np.zeros(x.shape), np.zeros(w.shape)))
+    # An output over an input's memory would read results back as inputs.
+    buf = np.zeros(x.shape)
+    x32 = buf.view(np.float32)[:, :10]      # x's values in the first half of buf's bytes
+    x32[...] = x.astype(np.float32)
+    with pytest.raises(ValueError, match=r"out\[0\].*share memory"):
+        R.swiglu_group_quant_grad(gy.astype(np.float32), x32, out=(buf, None))
+    np.testing.assert_array_equal(x32, x.astype(np.float32))
+
+
 # ----------------------------------------------------------------------------- validation
 
 
