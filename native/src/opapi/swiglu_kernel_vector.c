@@ -181,127 +181,125 @@ INLINE vhalf float_to_halfv(vfloat f)
 }
 #endif
 
-/* -- vectorised: strided segments fall back to the scalar loops; blocks are processed in
- * whole vectors (scratch is BLOCK long), lanes past n compute on stale scratch and are never
- * stored -- */
-
-static void load_f32_vector(const char *src, int64_t stride, float *out, size_t n)
+INLINE vfloat load_as_float(aclDataType dtype, const char *p, size_t i)
 {
-    if (stride != 1) {
-        load_f32_scalar(src, stride, out, n);
-        return;
-    }
-    memcpy(out, src, n * sizeof *out);
+    if (dtype == ACL_FLOAT) return vload((const float *)p + i);
+    vhalf h;
+    memcpy(&h, (const uint16_t *)p + i, sizeof h);
+    return dtype == ACL_FLOAT16 ? half_to_floatv(h) : bf16_to_floatv(h);
 }
 
-static void load_f16_vector(const char *src, int64_t stride, float *out, size_t n)
+INLINE void store_from_float(aclDataType dtype, char *p, size_t i, vfloat v)
 {
-    const uint16_t *p = (const uint16_t *)src;
-    if (stride != 1) {
-        load_f16_scalar(src, stride, out, n);
+    if (dtype == ACL_FLOAT) {
+        vstore((float *)p + i, canonical_f32v(v));
         return;
     }
-    size_t i = 0;
-    for (; i + LANES <= n; i += LANES) {
-        vhalf h;
-        memcpy(&h, p + i, sizeof h);
-        vstore(out + i, half_to_floatv(h));
-    }
-    for (; i < n; i++) out[i] = half_to_float(p[i]);
+    vhalf h = dtype == ACL_FLOAT16 ? float_to_halfv(v) : float_to_bf16v(v);
+    memcpy((uint16_t *)p + i, &h, sizeof h);
 }
 
-static void load_bf16_vector(const char *src, int64_t stride, float *out, size_t n)
+/* -- vectorised loads and stores: strided segments and the tail past the last whole vector
+ * go to the scalar loops -- */
+
+typedef void (*load_fn)(const char *src, int64_t stride, float *out, size_t n);
+typedef void (*store_fn)(char *dst, int64_t stride, const float *in, size_t n);
+
+INLINE void load_vector(aclDataType dtype, load_fn scalar, const char *src, int64_t stride, float *out,
+                        size_t n)
 {
-    const uint16_t *p = (const uint16_t *)src;
     if (stride != 1) {
-        load_bf16_scalar(src, stride, out, n);
+        scalar(src, stride, out, n);
         return;
     }
-    size_t i = 0;
-    for (; i + LANES <= n; i += LANES) {
-        vhalf h;
-        memcpy(&h, p + i, sizeof h);
-        vstore(out + i, bf16_to_floatv(h));
-    }
-    for (; i < n; i++) out[i] = bf16_to_float(p[i]);
-}
-
-static void store_f32_vector(char *dst, int64_t stride, const float *in, size_t n)
-{
-    float *p = (float *)dst;
-    if (stride != 1) {
-        store_f32_scalar(dst, stride, in, n);
+    if (dtype == ACL_FLOAT) {
+        memcpy(out, src, n * sizeof *out);
         return;
     }
     size_t i = 0;
-    for (; i + LANES <= n; i += LANES) vstore(p + i, canonical_f32v(vload(in + i)));
-    for (; i < n; i++) p[i] = canonical_f32(in[i]);
+    for (; i + LANES <= n; i += LANES) vstore(out + i, load_as_float(dtype, src, i));
+    scalar(src + i * sizeof(uint16_t), 1, out + i, n - i);
 }
 
-static void store_f16_vector(char *dst, int64_t stride, const float *in, size_t n)
+INLINE void store_vector(aclDataType dtype, store_fn scalar, char *dst, int64_t stride, const float *in,
+                         size_t n)
 {
-    uint16_t *p = (uint16_t *)dst;
     if (stride != 1) {
-        store_f16_scalar(dst, stride, in, n);
+        scalar(dst, stride, in, n);
         return;
     }
+    const size_t element = dtype == ACL_FLOAT ? sizeof(float) : sizeof(uint16_t);
     size_t i = 0;
-    for (; i + LANES <= n; i += LANES) {
-        vhalf h = float_to_halfv(vload(in + i));
-        memcpy(p + i, &h, sizeof h);
-    }
-    for (; i < n; i++) p[i] = float_to_half(in[i]);
+    for (; i + LANES <= n; i += LANES) store_from_float(dtype, dst, i, vload(in + i));
+    scalar(dst + i * element, 1, in + i, n - i);
 }
 
-static void store_bf16_vector(char *dst, int64_t stride, const float *in, size_t n)
+#define DEFINE_IO(suffix, dtype)                                                                   \
+    static void load_##suffix##_vector(const char *src, int64_t stride, float *out, size_t n)      \
+    {                                                                                              \
+        load_vector(dtype, load_##suffix##_scalar, src, stride, out, n);                           \
+    }                                                                                              \
+    static void store_##suffix##_vector(char *dst, int64_t stride, const float *in, size_t n)      \
+    {                                                                                              \
+        store_vector(dtype, store_##suffix##_scalar, dst, stride, in, n);                          \
+    }
+DEFINE_IO(f32, ACL_FLOAT)
+DEFINE_IO(f16, ACL_FLOAT16)
+DEFINE_IO(bf16, ACL_BF16)
+
+/* -- the per-element computation of docs/kernel.md, one vector at a time: the same IEEE
+ * operations in the same order as the scalar implementation -- */
+
+/* min(x0, c) and clip(x1, -c, c); a NaN stays NaN. */
+INLINE void clamp_inputs(vfloat a_orig, vfloat b_orig, vfloat limit, vfloat neg_limit, vfloat *a, vfloat *b)
 {
-    uint16_t *p = (uint16_t *)dst;
-    if (stride != 1) {
-        store_bf16_scalar(dst, stride, in, n);
-        return;
-    }
-    size_t i = 0;
-    for (; i + LANES <= n; i += LANES) {
-        vhalf h = float_to_bf16v(vload(in + i));
-        memcpy(p + i, &h, sizeof h);
-    }
-    for (; i < n; i++) p[i] = float_to_bf16(in[i]);
+    *a = vselect((a_orig < limit) | (a_orig != a_orig), a_orig, limit);
+    vfloat bv = vselect((b_orig > neg_limit) | (b_orig != b_orig), b_orig, neg_limit);
+    *b = vselect((bv < limit) | (bv != bv), bv, limit);
 }
 
-static void grad_vector(const float *restrict gy, float *restrict x0,
-                                   float *restrict x1, size_t n)
+INLINE void swiglu_grads(vfloat g, vfloat a, vfloat b, vfloat *gx0, vfloat *gx1)
+{
+    vfloat e = device_expv(a);
+    vfloat s = e / (e + 1.0f);
+    vfloat silu = a * s;
+    vfloat dsilu = s * (((1.0f - s) * a) + 1.0f);
+    *gx0 = (g * b) * dsilu;
+    *gx1 = g * silu;
+}
+
+/* The strict masks x0 < c and -c < x1 < c on the original values, applied by multiplication. */
+INLINE void apply_masks(vfloat a_orig, vfloat b_orig, vfloat limit, vfloat neg_limit, vfloat *gx0, vfloat *gx1)
+{
+    const vfloat one = vsplat(1.0f), zero = vsplat(0.0f);
+    *gx0 = *gx0 * vselect(a_orig < limit, one, zero);
+    *gx1 = *gx1 * vselect((neg_limit < b_orig) & (b_orig < limit), one, zero);
+}
+
+/* -- unfused, on float scratch: blocks are processed in whole vectors (scratch is BLOCK
+ * long); lanes past n compute on stale scratch and are never stored -- */
+
+static void grad_vector(const float *restrict gy, float *restrict x0, float *restrict x1, size_t n)
 {
     for (size_t i = 0; i < n; i += LANES) {
-        vfloat a = vload(x0 + i);
-        vfloat e = device_expv(a);
-        vfloat s = e / (e + 1.0f);
-        vfloat silu = a * s;
-        vfloat dsilu = s * (((1.0f - s) * a) + 1.0f);
-        vfloat g = vload(gy + i);
-        vstore(x0 + i, (g * vload(x1 + i)) * dsilu);
-        vstore(x1 + i, g * silu);
+        vfloat gx0, gx1;
+        swiglu_grads(vload(gy + i), vload(x0 + i), vload(x1 + i), &gx0, &gx1);
+        vstore(x0 + i, gx0);
+        vstore(x1 + i, gx1);
     }
 }
 
-static void grad_clamped_vector(const float *restrict gy, float *restrict x0,
-                                           float *restrict x1, size_t n, float c)
+static void grad_clamped_vector(const float *restrict gy, float *restrict x0, float *restrict x1, size_t n,
+                                float c)
 {
-    const vfloat limit = vsplat(c), neg_limit = vsplat(-c), one = vsplat(1.0f), zero = vsplat(0.0f);
+    const vfloat limit = vsplat(c), neg_limit = vsplat(-c);
     for (size_t i = 0; i < n; i += LANES) {
-        vfloat a_orig = vload(x0 + i);
-        vfloat b_orig = vload(x1 + i);
-        vfloat a = vselect((a_orig < limit) | (a_orig != a_orig), a_orig, limit);
-        vfloat b = vselect((b_orig > neg_limit) | (b_orig != b_orig), b_orig, neg_limit);
-        b = vselect((b < limit) | (b != b), b, limit);
-        vfloat e = device_expv(a);
-        vfloat s = e / (e + 1.0f);
-        vfloat silu = a * s;
-        vfloat dsilu = s * (((1.0f - s) * a) + 1.0f);
-        vfloat g = vload(gy + i);
-        vfloat gx0 = (g * b) * dsilu;
-        vfloat gx1 = g * silu;
-        vstore(x0 + i, gx0 * vselect(a_orig < limit, one, zero));
-        vstore(x1 + i, gx1 * vselect((neg_limit < b_orig) & (b_orig < limit), one, zero));
+        vfloat a_orig = vload(x0 + i), b_orig = vload(x1 + i), a, b, gx0, gx1;
+        clamp_inputs(a_orig, b_orig, limit, neg_limit, &a, &b);
+        swiglu_grads(vload(gy + i), a, b, &gx0, &gx1);
+        apply_masks(a_orig, b_orig, limit, neg_limit, &gx0, &gx1);
+        vstore(x0 + i, gx0);
+        vstore(x1 + i, gx1);
     }
 }
 
@@ -341,31 +339,12 @@ static size_t chunk_sums_vector(float *products, size_t n, float *restrict parti
     return chunks;
 }
 
-INLINE vfloat load_as_float(aclDataType dtype, const char *p, size_t i)
-{
-    if (dtype == ACL_FLOAT) return vload((const float *)p + i);
-    vhalf h;
-    memcpy(&h, (const uint16_t *)p + i, sizeof h);
-    return dtype == ACL_FLOAT16 ? half_to_floatv(h) : bf16_to_floatv(h);
-}
-
-INLINE void store_from_float(aclDataType dtype, char *p, size_t i, vfloat v)
-{
-    if (dtype == ACL_FLOAT) {
-        vstore((float *)p + i, canonical_f32v(v));
-        return;
-    }
-    vhalf h = dtype == ACL_FLOAT16 ? float_to_halfv(v) : float_to_bf16v(v);
-    memcpy((uint16_t *)p + i, &h, sizeof h);
-}
-
 /* The whole per-element computation of docs/kernel.md on whole vectors, straight from the
  * inputs to the outputs; the same operations in the same order as the unfused functions. */
 INLINE size_t fused_body(aclDataType dtype, int clamp_on, int has_weight, const fused_block *b)
 {
     const size_t n = b->n / LANES * LANES;
     const vfloat weight = vsplat(b->weight), limit = vsplat(b->clamp), neg_limit = vsplat(-b->clamp);
-    const vfloat one = vsplat(1.0f), zero = vsplat(0.0f);
     for (size_t i = 0; i < n; i += LANES) {
         vfloat g = load_as_float(dtype, b->gy, i);
         vfloat a_orig = load_as_float(dtype, b->x0, i);
@@ -374,22 +353,10 @@ INLINE size_t fused_body(aclDataType dtype, int clamp_on, int has_weight, const 
             vstore(b->products + i, g * load_as_float(dtype, b->yo, i));
             g = g * weight;
         }
-        vfloat a = a_orig, bv = b_orig;
-        if (clamp_on) {
-            a = vselect((a_orig < limit) | (a_orig != a_orig), a_orig, limit);
-            bv = vselect((b_orig > neg_limit) | (b_orig != b_orig), b_orig, neg_limit);
-            bv = vselect((bv < limit) | (bv != bv), bv, limit);
-        }
-        vfloat e = device_expv(a);
-        vfloat s = e / (e + 1.0f);
-        vfloat silu = a * s;
-        vfloat dsilu = s * (((1.0f - s) * a) + 1.0f);
-        vfloat gx0 = (g * bv) * dsilu;
-        vfloat gx1 = g * silu;
-        if (clamp_on) {
-            gx0 = gx0 * vselect(a_orig < limit, one, zero);
-            gx1 = gx1 * vselect((neg_limit < b_orig) & (b_orig < limit), one, zero);
-        }
+        vfloat a = a_orig, bv = b_orig, gx0, gx1;
+        if (clamp_on) clamp_inputs(a_orig, b_orig, limit, neg_limit, &a, &bv);
+        swiglu_grads(g, a, bv, &gx0, &gx1);
+        if (clamp_on) apply_masks(a_orig, b_orig, limit, neg_limit, &gx0, &gx1);
         store_from_float(dtype, b->gx0, i, gx0);
         store_from_float(dtype, b->gx1, i, gx1);
     }
