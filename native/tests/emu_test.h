@@ -3,9 +3,25 @@
 #ifndef ACL_SWIGLU_EMU_TEST_H
 #define ACL_SWIGLU_EMU_TEST_H
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* The bits of a float and the float of some bits, for exact comparisons. */
+static inline uint32_t bits_f(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static inline float f_bits(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
 
 static int emu_test_failures;
 static int emu_test_checks;

@@ -29,20 +29,6 @@ static aclrtStream g_stream;
 /* bits and independent conversions                                                            */
 /* ------------------------------------------------------------------------------------------ */
 
-static uint32_t bits_f(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-static float f_bits(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
 static size_t dtype_size(aclDataType dt) { return dt == ACL_FLOAT ? 4 : 2; }
 
 static const char *dtype_name(aclDataType dt)

@@ -26,20 +26,6 @@ static const aclDataType dtypes[3] = {ACL_FLOAT, ACL_FLOAT16, ACL_BF16};
 
 static size_t esize(aclDataType dt) { return dt == ACL_FLOAT ? 4 : 2; }
 
-static uint32_t bits_f(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-static float f_bits(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
 /* Inputs are made as bf16-exact values (8 significant bits), so they are exact in every dtype:
  * no conversion subtleties here, only the order of the computation matters. */
 static float pattern(uint64_t i, double lo, double hi)
