@@ -43,3 +43,14 @@ def no_leaked_handles(request):
     counts = _live_counts()
     leaked = {kind: n for kind, n in counts.items() if n}
     assert not leaked, f"test left live native handles behind: {leaked}"
+
+
+@pytest.fixture
+def abi(request, monkeypatch):
+    """The operator ABI revision under test (1 or 2; parametrise indirectly, default 2), set for
+    both the Python layer and the emulator."""
+    value = int(getattr(request, "param", 2))
+    monkeypatch.setenv("ACL_SWIGLU_ABI", str(value))
+    import acl_swiglu
+    assert acl_swiglu.abi_revision() == value
+    return value

@@ -38,15 +38,6 @@ WORKSPACE_BYTES = 16384
 # ----------------------------------------------------------------------------- helpers
 
 
-@pytest.fixture
-def abi(request, monkeypatch):
-    """The ABI revision under test (parametrised indirectly), shared by Python and the emulator."""
-    value = getattr(request, "param", "2")
-    monkeypatch.setenv("ACL_SWIGLU_ABI", value)
-    assert acl_swiglu.abi_revision() == int(value)
-    return int(value)
-
-
 def uint_view(a: np.ndarray) -> np.ndarray:
     a = np.ascontiguousarray(a)
     return a.view({2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize])

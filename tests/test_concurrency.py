@@ -106,14 +106,6 @@ def assert_nothing_live():
     assert not any(counts.values()), counts
 
 
-@pytest.fixture
-def abi(request, monkeypatch):
-    value = getattr(request, "param", 2)
-    monkeypatch.setenv("ACL_SWIGLU_ABI", str(value))
-    assert acl_swiglu.abi_revision() == value
-    return value
-
-
 ABIS = [pytest.param(1, id="abi1"), pytest.param(2, id="abi2")]
 
 

@@ -32,14 +32,6 @@ PHASE1 = "aclnnSwigluGroupQuantGradGetWorkspaceSize"
 PHASE2 = "aclnnSwigluGroupQuantGrad"
 
 
-@pytest.fixture
-def abi(request, monkeypatch):
-    value = getattr(request, "param", 2)
-    monkeypatch.setenv("ACL_SWIGLU_ABI", str(value))
-    assert acl_swiglu.abi_revision() == value
-    return value
-
-
 # ----------------------------------------------------------------------------- argument cases
 
 
