@@ -141,6 +141,21 @@ class Soak:
         steps = max(1, self.args.progress_steps)
         return sorted({max(1, round(total * k / steps)) for k in range(1, steps + 1)}) if total else []
 
+    def check_same(self, phase: str, i: int, k: int, result, first) -> None:
+        """Counts call i's result if its bits differ from the first result of input set k."""
+        gx, gw = result
+        if not (np.array_equal(gx.view(np.uint16), first[k][0]) and np.array_equal(gw.view(np.uint32), first[k][1])):
+            self.mismatches += 1
+            self.say(f"[{phase}] call {i}: result differs from the first result of input set {k}")
+
+    def at_checkpoint(self, phase: str, i: int, calls: int, marks: list, base: dict) -> None:
+        """At the next checkpoint, samples memory and records live handles that grew since `base`."""
+        if marks and i == marks[0]:
+            marks.pop(0)
+            entry = self.sample(phase, i, calls)
+            if entry["live"] != base["live"]:
+                self.loop_growth.append((phase, i, base["live"], entry["live"]))
+
     # -- phases --
 
     def plan_phase(self, calls: int, warmup: bool) -> None:
@@ -182,15 +197,8 @@ class Soak:
                 if i % check_every == 0 or i == calls:
                     gx.buffer.copy_to_host(host_x)
                     gw.buffer.copy_to_host(host_w)
-                    if not (np.array_equal(host_x.view(np.uint16), first[k][0])
-                            and np.array_equal(host_w.view(np.uint32), first[k][1])):
-                        self.mismatches += 1
-                        self.say(f"[{phase}] call {i}: result differs from the first result of input set {k}")
-                if marks and i == marks[0]:
-                    marks.pop(0)
-                    entry = self.sample(phase, i, calls)
-                    if entry["live"] != base["live"]:
-                        self.loop_growth.append((phase, i, base["live"], entry["live"]))
+                    self.check_same(phase, i, k, (host_x, host_w), first)
+                self.at_checkpoint(phase, i, calls, marks, base)
             stream.synchronize()
             self.heap_end(phase, heap, heap_mid, calls)
 
@@ -210,14 +218,8 @@ class Soak:
             k = i % 2
             gx, gw = acl_swiglu.swiglu_group_quant_grad(*inputs[k], CLAMP)
             heap_mid = self.heap_middle(i, calls, heap, heap_mid)
-            if not (np.array_equal(gx.view(np.uint16), first[k][0]) and np.array_equal(gw.view(np.uint32), first[k][1])):
-                self.mismatches += 1
-                self.say(f"[{phase}] call {i}: result differs from the first result of input set {k}")
-            if marks and i == marks[0]:
-                marks.pop(0)
-                entry = self.sample(phase, i, calls)
-                if entry["live"] != base["live"]:
-                    self.loop_growth.append((phase, i, base["live"], entry["live"]))
+            self.check_same(phase, i, k, (gx, gw), first)
+            self.at_checkpoint(phase, i, calls, marks, base)
         self.heap_end(phase, heap, heap_mid, calls)
 
     # -- the run --
