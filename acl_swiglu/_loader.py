@@ -2,6 +2,13 @@
 
 Nothing is loaded at import time. ``libraries()`` loads once, thread-safely, and reports which
 backend it chose and every path it used (``backend_info()``).
+
+Before a library is loaded, it and every directory from its root (the CANN root, or the custom
+operator path entry it was found under) down to it must be writable by their owner alone and
+owned by root or the current user; where a symlink leads elsewhere, the place it leads to is
+checked as well, up to ``/``. ``ACL_SWIGLU_TRUST_LIBS=1`` loads such libraries anyway, with a
+warning naming what was accepted. Search variables must hold absolute paths: the current
+directory is never searched.
 """
 
 from __future__ import annotations
@@ -10,17 +17,27 @@ import ctypes
 import glob
 import os
 import platform
+import pwd
+import stat
 import threading
 import warnings
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from . import _releases
 from .errors import ConfigurationError, LibraryNotFoundError
 
 ENV_BACKEND = "ACL_SWIGLU_BACKEND"
 ENV_LIB_DIR = "ACL_SWIGLU_LIB_DIR"
 ENV_ABI = "ACL_SWIGLU_ABI"
 ENV_EMULATOR_DIR = "ACL_SWIGLU_EMULATOR_DIR"   # another build of the emulator's lib64 (development)
+ENV_EMULATOR_ABI = "ACL_EMU_ABI"                # the emulator's own revision (it reads the same rules)
+ENV_TRUST = "ACL_SWIGLU_TRUST_LIBS"             # 1: load libraries that fail the ownership check
+ROOT_VARIABLES = ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME")
+CUSTOM_PATH_VARIABLE = "ASCEND_CUSTOM_OPP_PATH"
+OPP_PATH_VARIABLE = "ASCEND_OPP_PATH"
+# The characters C's isspace() accepts in the "C" locale: the emulator strips exactly these too.
+ASCII_BLANKS = " \t\n\r\v\f"
 
 BACKENDS = ("auto", "cann", "emulator")
 DEFAULT_ROOTS = ("/usr/local/Ascend/cann", "/usr/local/Ascend/ascend-toolkit/latest")
@@ -31,11 +48,241 @@ CUSTOM_OPERATOR_NAME = "libcust_opapi.so"
 OPERATOR_SYMBOL = "aclnnSwigluGroupQuantGradGetWorkspaceSize"
 EMULATOR_CANARY = "aclEmuVersion"
 EMULATOR_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_emulator")
+DEFAULT_ABI = 2
 
 _FIX = (
     "To use a real Ascend host: `source <CANN root>/set_env.sh` (or set ASCEND_HOME_PATH to the "
     "CANN root). To run on the CPU emulator instead: set ACL_SWIGLU_BACKEND=emulator."
 )
+
+
+class UntrustedLibraryError(LibraryNotFoundError):
+    """A library (or a directory above it) could be replaced by another user, so it is not loaded."""
+
+
+# ---- reading settings ----
+
+
+def _setting(variable: str, environ=os.environ) -> Optional[str]:
+    """A variable's value without leading and trailing ASCII blanks; None when unset or blank."""
+    value = environ.get(variable)
+    if value is None:
+        return None
+    value = value.strip(ASCII_BLANKS)
+    return value or None
+
+
+def parse_revision(variable: str, value: Optional[str]) -> Optional[int]:
+    """An ABI revision setting: blanks around it ignored, empty = unset (None), else exactly 1 or 2."""
+    if value is None:
+        return None
+    text = value.strip(ASCII_BLANKS)
+    if text == "":
+        return None
+    if text in ("1", "2"):
+        return int(text)
+    raise ConfigurationError(
+        f"{variable}={value!r} is not an ABI revision of aclnnSwigluGroupQuantGrad: use 1 (the first "
+        "published form of the operator: aclIntArray groupIndex, clamp 0 = off) or 2 (every CANN release: "
+        "INT64 tensor groupIndex, clamp -1.0 = off); blanks around the value are ignored and an empty "
+        "value counts as unset"
+    )
+
+
+def _flag(variable: str) -> bool:
+    value = os.environ.get(variable)
+    text = (value or "").strip(ASCII_BLANKS)
+    if text in ("", "0"):
+        return False
+    if text == "1":
+        return True
+    raise ConfigurationError(f"{variable}={value!r} must be 1 (on) or 0 / empty (off)")
+
+
+def requested_backend() -> str:
+    value = os.environ.get(ENV_BACKEND, "auto").strip().lower() or "auto"
+    if value not in BACKENDS:
+        raise ConfigurationError(
+            f"{ENV_BACKEND}={os.environ.get(ENV_BACKEND)!r} is not one of {', '.join(BACKENDS)}"
+        )
+    return value
+
+
+def _absolute(variable: str, value: str) -> str:
+    """A search path from the environment: it must be absolute (the current directory is never searched)."""
+    if not os.path.isabs(value):
+        raise ConfigurationError(
+            f"{variable} holds the relative path {value!r}: library search paths must be absolute, so that "
+            "what is loaded does not depend on the current directory. Set it to the absolute path "
+            f"(for example {os.path.abspath(os.path.expanduser(value))!r} from here)."
+        )
+    return value
+
+
+# ---- the ABI revision ----
+
+# os.environ encodes the key on every lookup; its bytes mapping (POSIX CPython) does not.
+_ENVIRON_BYTES = getattr(os.environ, "_data", None)
+if not isinstance(_ENVIRON_BYTES, dict):
+    _ENVIRON_BYTES = None
+_ABI_KEY = ENV_ABI.encode()
+_override_warned = set()
+
+
+def abi_revision() -> int:
+    """The operator ABI revision calls use.
+
+    ACL_SWIGLU_ABI when set (a warning when it disagrees with what the install declares), else the
+    revision the install declares (its operator header; ACL_EMU_ABI for the bundled emulator), else
+    2. Without ACL_SWIGLU_ABI this loads the libraries, since the answer depends on them.
+    """
+    raw = _ENVIRON_BYTES.get(_ABI_KEY) if _ENVIRON_BYTES is not None else os.environ.get(ENV_ABI)
+    if raw is None:
+        value = None
+    elif raw == b"2" or raw == "2":
+        value = 2
+    elif raw == b"1" or raw == "1":
+        value = 1
+    else:
+        value = parse_revision(ENV_ABI, os.environ.get(ENV_ABI))
+    libs = _loaded
+    if value is None:
+        if libs is None:
+            libs = libraries()
+        return libs.info.abi_declared or DEFAULT_ABI
+    if libs is not None and libs.info.abi_declared not in (None, value) and value not in _override_warned:
+        _override_warned.add(value)
+        _warn_override(libs.info, value, stacklevel=3)
+    return value
+
+
+def _warn_override(info: "BackendInfo", chosen: int, stacklevel: int) -> None:
+    warnings.warn(
+        f"acl_swiglu: {ENV_ABI}={chosen} overrides ABI revision {info.abi_declared} declared by "
+        f"{info.abi_declared_by}; calls use revision {chosen}. Unset {ENV_ABI} to follow the install.",
+        RuntimeWarning,
+        stacklevel=stacklevel,
+    )
+
+
+# ---- the trust check ----
+
+
+@dataclass(frozen=True)
+class TrustReport:
+    """What the ownership and permission check of the loaded libraries found."""
+
+    ran: bool                              # False: the libraries were opened by name (system loader)
+    enforced: bool                         # False: ACL_SWIGLU_TRUST_LIBS=1 accepted what failed
+    checked: Tuple[str, ...] = ()          # every file and directory examined
+    problems: Tuple[str, ...] = ()         # "path: what is wrong", accepted when not enforced
+    note: str = ""
+
+    def as_dict(self) -> Dict[str, object]:
+        return {"ran": self.ran, "enforced": self.enforced, "checked": list(self.checked),
+                "problems": list(self.problems), "note": self.note}
+
+    def __str__(self) -> str:
+        if not self.ran:
+            return f"not checked ({self.note})"
+        if not self.problems:
+            return f"passed ({len(self.checked)} paths owned by root or you, writable by their owner only)"
+        return (f"{len(self.problems)} problem(s) accepted because {ENV_TRUST}=1: " + "; ".join(self.problems))
+
+
+def _owner_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return "no such user"
+
+
+def path_problem(path: str, info: os.stat_result) -> Optional[str]:
+    """Why a file or directory is unsafe to load code through, or None when it is fine."""
+    me = os.geteuid()
+    if info.st_uid not in (0, me):
+        return (f"{path}: owned by uid {info.st_uid} ({_owner_name(info.st_uid)}), neither root nor the "
+                f"current user (uid {me})")
+    writable = [who for who, bit in (("group", stat.S_IWGRP), ("other users", stat.S_IWOTH))
+                if info.st_mode & bit]
+    if writable and not (stat.S_ISDIR(info.st_mode) and info.st_mode & stat.S_ISVTX):
+        kind = "directory" if stat.S_ISDIR(info.st_mode) else "file"
+        return (f"{path}: {kind} writable by {' and '.join(writable)} "
+                f"(mode {stat.S_IMODE(info.st_mode):04o})")
+    return None
+
+
+def _descent(top: str, path: str) -> List[str]:
+    """`top`, every directory below it on the way to `path`, and `path` (which lies under `top`)."""
+    rel = os.path.relpath(path, top)
+    chain = [top]
+    if rel != ".":
+        for part in rel.split(os.sep):
+            chain.append(os.path.join(chain[-1], part))
+    return chain
+
+
+def _inside(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip(os.sep) + os.sep)
+
+
+def trust_chain(path: str, root: str) -> List[Tuple[str, bool]]:
+    """The paths whose owner and mode decide whether `path` may be loaded, each with whether a
+    symlink there should be followed: root down to the file as named, and, where symlinks lead
+    elsewhere, the real file's directories (up to the real root, or to / outside it)."""
+    named = [(p, True) for p in _descent(root, path)]
+    real, real_root = os.path.realpath(path), os.path.realpath(root)
+    top = real_root if _inside(real, real_root) else os.sep
+    return named + [(p, False) for p in _descent(top, real)]
+
+
+class _TrustGate:
+    """Checks each library before it is opened; refuses, or with ACL_SWIGLU_TRUST_LIBS=1 records."""
+
+    def __init__(self) -> None:
+        self.enforced = not _flag(ENV_TRUST)
+        self.checked: List[str] = []
+        self.problems: List[str] = []
+
+    def admit(self, path: str, root: str) -> None:
+        found = []
+        for candidate, follow in trust_chain(path, root):
+            key = os.path.realpath(candidate) if follow else candidate
+            if key in self.checked:
+                continue
+            self.checked.append(key)
+            try:
+                info = os.stat(candidate) if follow else os.lstat(candidate)
+            except OSError as exc:
+                found.append(f"{candidate}: cannot be examined ({exc.strerror})")
+                continue
+            problem = path_problem(candidate, info)
+            if problem:
+                found.append(problem)
+        if not found:
+            return
+        if self.enforced:
+            raise UntrustedLibraryError(
+                f"refusing to load {path}: another user could replace it, and loading a library runs its code.\n  "
+                + "\n  ".join(found)
+                + "\nFix: make each path above owned by root or by you and writable only by its owner "
+                "(`chmod go-w PATH`, and `chown` as its owner or root), or remove what does not belong. "
+                f"If you trust these files as they are, set {ENV_TRUST}=1 to load them with a warning."
+            )
+        self.problems.extend(p for p in found if p not in self.problems)
+
+    def report(self) -> TrustReport:
+        if self.problems:
+            warnings.warn(
+                f"acl_swiglu: {ENV_TRUST}=1: loading libraries that other users could replace: "
+                + "; ".join(self.problems),
+                RuntimeWarning,
+                stacklevel=5,
+            )
+        return TrustReport(True, self.enforced, tuple(self.checked), tuple(self.problems))
+
+
+# ---- what the loader reports ----
 
 
 @dataclass(frozen=True)
@@ -52,72 +299,66 @@ class BackendInfo:
     emulator_version: Optional[str] = None
     header: Optional[str] = None          # the operator header found beside the libraries
     header_abi: Optional[int] = None      # the ABI revision that header declares
+    abi_declared: Optional[int] = None    # the revision the install declares (header, or ACL_EMU_ABI)
+    abi_declared_by: Optional[str] = None  # the header path, or "ACL_EMU_ABI"
+    cann_version: Optional[str] = None    # the CANN release read from the install (None on the emulator)
+    cann_version_file: Optional[str] = None
+    trust: Optional[TrustReport] = None
 
     @property
     def abi(self) -> int:
         return abi_revision()
+
+    @property
+    def abi_source(self) -> str:
+        """Where the ABI revision in use comes from."""
+        if parse_revision(ENV_ABI, os.environ.get(ENV_ABI)) is not None:
+            return ENV_ABI
+        if self.abi_declared is not None:
+            return self.abi_declared_by
+        return "default"
+
+    @property
+    def version(self) -> Optional[str]:
+        """The release of what runs the operator: the CANN version, or the emulator's."""
+        return self.emulator_version if self.backend == "emulator" else self.cann_version
 
     def as_dict(self) -> Dict[str, object]:
         return {
             "backend": self.backend,
             "requested": self.requested,
             "abi": self.abi,
+            "abi_source": self.abi_source,
             "root": self.root,
             "runtime": self.runtime,
             "meta": self.meta,
             "operator": self.operator,
             "emulator_version": self.emulator_version,
+            "cann_version": self.cann_version,
+            "cann_version_file": self.cann_version_file,
             "header": self.header,
             "header_abi": self.header_abi,
+            "trust": self.trust.as_dict() if self.trust else None,
             "searched": list(self.searched),
         }
 
     def __str__(self) -> str:
         name = "CPU emulator" if self.backend == "emulator" else "CANN"
-        lines = [f"backend: {name} (requested: {self.requested}), ABI revision {self.abi}"]
+        lines = [f"backend: {name} (requested: {self.requested}), ABI revision {self.abi} ({self.abi_source})"]
         if self.emulator_version:
             lines.append(f"  emulator: {self.emulator_version}")
+        else:
+            where = f" (from {self.cann_version_file})" if self.cann_version_file else ""
+            lines.append(f"  version:  {self.cann_version or 'unknown'}{where}")
         lines.append(f"  root:     {self.root or '(system loader)'}")
         lines.append(f"  runtime:  {self.runtime}")
         lines.append(f"  meta:     {self.meta}")
         lines.append(f"  operator: {self.operator}")
         if self.header:
             lines.append(f"  header:   {self.header} (declares ABI revision {self.header_abi})")
+        if self.trust is not None:
+            lines.append(f"  trust:    {self.trust}")
         return "\n".join(lines)
-
-
-def requested_backend() -> str:
-    value = os.environ.get(ENV_BACKEND, "auto").strip().lower() or "auto"
-    if value not in BACKENDS:
-        raise ConfigurationError(
-            f"{ENV_BACKEND}={os.environ.get(ENV_BACKEND)!r} is not one of {', '.join(BACKENDS)}"
-        )
-    return value
-
-
-# os.environ encodes the key on every lookup; its bytes mapping (POSIX CPython) does not.
-_ENVIRON_BYTES = getattr(os.environ, "_data", None)
-_ABI_KEY = ENV_ABI.encode()
-
-
-def abi_revision() -> int:
-    """The operator ABI revision in use: ACL_SWIGLU_ABI, 2 by default (SPEC section 1)."""
-    if _ENVIRON_BYTES is not None and isinstance(_ENVIRON_BYTES, dict):
-        raw = _ENVIRON_BYTES.get(_ABI_KEY)
-        if raw is None or raw == b"2":
-            return 2
-        if raw == b"1":
-            return 1
-    value = os.environ.get(ENV_ABI, "").strip()
-    if value in ("", "2"):
-        return 2
-    if value == "1":
-        return 1
-    raise ConfigurationError(
-        f"{ENV_ABI}={value!r} is not an ABI revision of aclnnSwigluGroupQuantGrad: use 1 (the "
-        "seed document: aclIntArray groupIndex, clamp 0 = off) or 2 (default: INT64 tensor "
-        "groupIndex, clamp -1.0 = off)"
-    )
 
 
 # ---- where to look ----
@@ -132,16 +373,17 @@ def cann_roots(environ=os.environ) -> List[Tuple[str, List[str]]]:
     """The CANN roots to try, in order, each with its library directories.
 
     A root is configured by ACL_SWIGLU_LIB_DIR (a lib directory or a root), ASCEND_HOME_PATH,
-    ASCEND_TOOLKIT_HOME, or is a default root that exists.
+    ASCEND_TOOLKIT_HOME, or is a default root that exists. Relative values are refused.
     """
     roots: List[Tuple[str, List[str]]] = []
-    override = environ.get(ENV_LIB_DIR)
+    override = _setting(ENV_LIB_DIR, environ)
     if override:
+        _absolute(ENV_LIB_DIR, override)
         roots.append((override, [override] + _root_lib_dirs(override)))
-    for var in ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME"):
-        root = environ.get(var)
+    for var in ROOT_VARIABLES:
+        root = _setting(var, environ)
         if root:
-            roots.append((root, _root_lib_dirs(root)))
+            roots.append((_absolute(var, root), _root_lib_dirs(root)))
     for root in DEFAULT_ROOTS:
         if os.path.isdir(root):
             roots.append((root, _root_lib_dirs(root)))
@@ -154,16 +396,30 @@ def cann_roots(environ=os.environ) -> List[Tuple[str, List[str]]]:
     return unique
 
 
+def custom_operator_locations(environ=os.environ) -> List[Tuple[str, str]]:
+    """(path entry, directory) pairs that may hold a custom-built libcust_opapi.so, in search order.
+
+    Empty entries of ASCEND_CUSTOM_OPP_PATH (a trailing ':' that set_env.sh scripts leave) are
+    skipped, never read as the current directory; relative entries are refused.
+    """
+    found: List[Tuple[str, str]] = []
+    for entry in environ.get(CUSTOM_PATH_VARIABLE, "").split(os.pathsep):
+        entry = entry.strip(ASCII_BLANKS)
+        if not entry:
+            continue
+        _absolute(f"{CUSTOM_PATH_VARIABLE} entry", entry)
+        found.append((entry, os.path.join(entry, "op_api", "lib")))
+        found.extend((entry, d) for d in sorted(glob.glob(os.path.join(glob.escape(entry), "*", "op_api", "lib"))))
+    opp = _setting(OPP_PATH_VARIABLE, environ)
+    if opp:
+        _absolute(OPP_PATH_VARIABLE, opp)
+        found.extend((opp, d) for d in sorted(glob.glob(os.path.join(glob.escape(opp), "vendors", "*", "op_api", "lib"))))
+    return found
+
+
 def custom_operator_dirs(environ=os.environ) -> List[str]:
     """Directories that may hold a custom-built libcust_opapi.so, in search order."""
-    dirs: List[str] = []
-    for entry in filter(None, environ.get("ASCEND_CUSTOM_OPP_PATH", "").split(os.pathsep)):
-        dirs.append(os.path.join(entry, "op_api", "lib"))
-        dirs.extend(sorted(glob.glob(os.path.join(entry, "*", "op_api", "lib"))))
-    opp = environ.get("ASCEND_OPP_PATH")
-    if opp:
-        dirs.extend(sorted(glob.glob(os.path.join(opp, "vendors", "*", "op_api", "lib"))))
-    return dirs
+    return [d for _, d in custom_operator_locations(environ)]
 
 
 HEADER_NAME = "aclnn_swiglu_group_quant_grad.h"
@@ -245,9 +501,20 @@ def _emulator_version(runtime: ctypes.CDLL) -> Optional[str]:
     return fn().decode()
 
 
+def _declared_abi(header: Optional[str], bundled_emulator: bool) -> Tuple[Optional[int], Optional[str]]:
+    """The revision the install declares and who declares it: the operator header of a CANN root;
+    for the bundled emulator, whose header is generic, ACL_EMU_ABI when it is set."""
+    if bundled_emulator:
+        revision = parse_revision(ENV_EMULATOR_ABI, os.environ.get(ENV_EMULATOR_ABI))
+        return (revision, ENV_EMULATOR_ABI) if revision is not None else (None, None)
+    revision = header_abi(header) if header else None
+    return (revision, header) if revision is not None else (None, None)
+
+
 def _load_root(root: str, dirs: List[str], requested: str, searched: List[str],
-               custom_operators: bool = True) -> Libraries:
+               bundled_emulator: bool = False) -> Libraries:
     """Loads runtime, meta and operator libraries, all from one root (plus custom operators)."""
+    gate = _TrustGate()
     runtime_path = _first_existing(RUNTIME_NAMES, dirs, searched)
     meta_path = _first_existing((META_NAME,), dirs, searched)
     missing = [n for n, p in (("/".join(RUNTIME_NAMES), runtime_path), (META_NAME, meta_path)) if p is None]
@@ -257,6 +524,7 @@ def _load_root(root: str, dirs: List[str], requested: str, searched: List[str],
             + "\n  ".join(dirs) + f"\n{_FIX}"
         )
     for what, path in (("runtime", runtime_path), ("meta API", meta_path)):
+        gate.admit(path, root)
         try:
             library = _open(path)
         except OSError as exc:
@@ -266,15 +534,17 @@ def _load_root(root: str, dirs: List[str], requested: str, searched: List[str],
         else:
             meta = library
 
-    candidates = [os.path.join(d, CUSTOM_OPERATOR_NAME) for d in custom_operator_dirs()] if custom_operators else []
-    candidates += [os.path.join(d, name) for name in OPERATOR_NAMES for d in dirs]
+    candidates = [] if bundled_emulator else [
+        (entry, os.path.join(d, CUSTOM_OPERATOR_NAME)) for entry, d in custom_operator_locations()]
+    candidates += [(root, os.path.join(d, name)) for name in OPERATOR_NAMES for d in dirs]
     checked: List[str] = []
     operator = operator_path = None
-    for path in candidates:
+    for entry, path in candidates:
         searched.append(path)
         if not os.path.isfile(path):
             checked.append(f"{path} (absent)")
             continue
+        gate.admit(path, entry)
         try:
             lib = _open(path)
         except OSError as exc:
@@ -292,7 +562,9 @@ def _load_root(root: str, dirs: List[str], requested: str, searched: List[str],
             + "\n  ".join(checked) + f"\n{_FIX}"
         )
     version = _emulator_version(runtime)
-    header = None if version else find_operator_header(root, operator_path)
+    header = None if bundled_emulator else find_operator_header(root, operator_path)
+    declared, declared_by = _declared_abi(header, bundled_emulator)
+    cann_version, version_file = (None, None) if version else _releases.read_install_version(root)
     info = BackendInfo(
         backend="emulator" if version else "cann",
         requested=requested,
@@ -304,24 +576,23 @@ def _load_root(root: str, dirs: List[str], requested: str, searched: List[str],
         emulator_version=version,
         header=header,
         header_abi=header_abi(header) if header else None,
+        abi_declared=declared,
+        abi_declared_by=declared_by,
+        cann_version=cann_version,
+        cann_version_file=version_file,
+        trust=gate.report(),
     )
     _warn_abi_mismatch(info)
+    _releases.warn_on_load(cann_version)
     return Libraries(runtime, meta, operator, info)
 
 
 def _warn_abi_mismatch(info: BackendInfo) -> None:
-    """A CANN whose header declares another revision than ACL_SWIGLU_ABI would be called wrongly."""
-    try:
-        chosen = abi_revision()
-    except ConfigurationError:
-        return
-    if info.header_abi is not None and info.header_abi != chosen:
-        warnings.warn(
-            f"acl_swiglu: {info.header} declares ABI revision {info.header_abi} but ACL_SWIGLU_ABI selects "
-            f"{chosen}; set ACL_SWIGLU_ABI={info.header_abi} to call this CANN correctly.",
-            RuntimeWarning,
-            stacklevel=4,
-        )
+    """ACL_SWIGLU_ABI set to another revision than the install declares: it wins, and says so."""
+    chosen = parse_revision(ENV_ABI, os.environ.get(ENV_ABI))
+    if chosen is not None and info.abi_declared is not None and info.abi_declared != chosen:
+        _override_warned.add(chosen)
+        _warn_override(info, chosen, stacklevel=5)
 
 
 def _load_cann(roots: List[Tuple[str, List[str]]], requested: str) -> Libraries:
@@ -359,6 +630,10 @@ def _path_of(library: ctypes.CDLL, symbol: str, fallback: str) -> str:
     return fallback
 
 
+_SYSTEM_LOADER_NOTE = ("opened by name through the system loader (LD_LIBRARY_PATH, ld.so.cache), which "
+                       "picks the files; set ASCEND_HOME_PATH to have them checked")
+
+
 def _load_system(requested: str) -> Optional[Libraries]:
     """The system loader's view (LD_LIBRARY_PATH, ld.so.conf), or None when it has no CANN."""
     try:
@@ -383,7 +658,8 @@ def _load_system(requested: str) -> Optional[Libraries]:
             version = _emulator_version(runtime)
             paths = (_path_of(runtime, "aclInit", runtime_path), _path_of(meta, "aclCreateTensor", META_NAME),
                      _path_of(lib, OPERATOR_SYMBOL, name))
-            info = BackendInfo("emulator" if version else "cann", requested, None, *paths, paths, version)
+            info = BackendInfo("emulator" if version else "cann", requested, None, *paths, paths, version,
+                               trust=TrustReport(False, False, note=_SYSTEM_LOADER_NOTE))
             return Libraries(runtime, meta, lib, info)
     raise LibraryNotFoundError(
         f"the system loader finds the CANN runtime but no library exporting {OPERATOR_SYMBOL}; "
@@ -392,24 +668,29 @@ def _load_system(requested: str) -> Optional[Libraries]:
 
 
 def _load_emulator(requested: str) -> Libraries:
-    lib_dir = os.environ.get(ENV_EMULATOR_DIR) or os.path.join(EMULATOR_ROOT, "lib64")
+    chosen = _setting(ENV_EMULATOR_DIR)
+    lib_dir = _absolute(ENV_EMULATOR_DIR, chosen) if chosen else os.path.join(EMULATOR_ROOT, "lib64")
     if not os.path.isfile(os.path.join(lib_dir, "libascendcl.so")):
-        if os.environ.get(ENV_EMULATOR_DIR):
+        if chosen:
             raise LibraryNotFoundError(f"{ENV_EMULATOR_DIR}={lib_dir} holds no libascendcl.so")
         raise LibraryNotFoundError(
             f"the bundled emulator is missing from {lib_dir}: the package was not built with its "
             "native part (install it with `pip install .`, which compiles it with CMake)"
         )
     root = EMULATOR_ROOT if lib_dir == os.path.join(EMULATOR_ROOT, "lib64") else os.path.dirname(lib_dir)
-    return _load_root(root, [lib_dir], requested, [], custom_operators=False)
+    return _load_root(root, [lib_dir], requested, [], bundled_emulator=True)
 
 
 def load(requested: Optional[str] = None) -> Libraries:
     """Loads the libraries for the requested backend (see ACL_SWIGLU_BACKEND)."""
     requested = requested or requested_backend()
+    parse_revision(ENV_ABI, os.environ.get(ENV_ABI))            # a bad value fails before anything loads
+    parse_revision(ENV_EMULATOR_ABI, os.environ.get(ENV_EMULATOR_ABI))
+    _flag(ENV_TRUST)
     if requested == "emulator":
         return _load_emulator(requested)
     roots = cann_roots()
+    custom_operator_locations()                                  # relative entries fail here too
     if roots:
         return _load_cann(roots, requested)
     system = _load_system(requested)

@@ -9,6 +9,7 @@ import pytest
 
 from acl_swiglu import _loader
 from acl_swiglu._loader import BackendInfo, find_operator_header, header_abi
+from acl_swiglu.errors import ConfigurationError
 
 REVISION_1 = """aclnnStatus aclnnSwigluGroupQuantGradGetWorkspaceSize(
     const aclTensor *gradY, const aclTensor *x, const aclTensor *weightOptional,
@@ -53,16 +54,44 @@ def test_header_found_in_root_arch_dir_or_beside_a_custom_operator(tmp_path):
 
 def _info(header, header_revision):
     return BackendInfo("cann", "auto", "/r", "/r/lib64/libascendcl.so", "/r/lib64/libnnopbase.so",
-                       "/r/lib64/libopapi.so", (), None, header, header_revision)
+                       "/r/lib64/libopapi.so", (), None, header, header_revision,
+                       abi_declared=header_revision, abi_declared_by=header)
 
 
-def test_mismatch_between_header_and_setting_warns(monkeypatch):
-    monkeypatch.delenv("ACL_SWIGLU_ABI", raising=False)
-    with pytest.warns(RuntimeWarning, match="ACL_SWIGLU_ABI=1"):
+def test_setting_that_overrides_the_header_warns_and_agreeing_is_silent(monkeypatch):
+    # The header's revision is used; ACL_SWIGLU_ABI overrides it, saying so (a deliberate change:
+    # the header no longer only produces advice).
+    monkeypatch.setenv("ACL_SWIGLU_ABI", "2")
+    with pytest.warns(RuntimeWarning, match="ACL_SWIGLU_ABI=2 overrides ABI revision 1 declared by /r/include"):
         _loader._warn_abi_mismatch(_info("/r/include/aclnnop/h.h", 1))
-    monkeypatch.setenv("ACL_SWIGLU_ABI", "1")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        monkeypatch.setenv("ACL_SWIGLU_ABI", "1")
         _loader._warn_abi_mismatch(_info("/r/include/aclnnop/h.h", 1))   # agrees: silent
+        monkeypatch.delenv("ACL_SWIGLU_ABI")
+        _loader._warn_abi_mismatch(_info("/r/include/aclnnop/h.h", 1))   # unset: the header wins, silent
+        monkeypatch.setenv("ACL_SWIGLU_ABI", "2")
         _loader._warn_abi_mismatch(_info(None, None))                    # no header: silent
     assert "declares ABI revision 1" in str(_info("/r/h.h", 1))
+
+
+def test_abi_source_names_the_variable_the_header_or_the_default(monkeypatch):
+    monkeypatch.setenv("ACL_SWIGLU_ABI", " 1\t")
+    assert _info("/r/h.h", 2).abi_source == "ACL_SWIGLU_ABI"
+    monkeypatch.setenv("ACL_SWIGLU_ABI", "  ")            # blank counts as unset
+    assert _info("/r/h.h", 1).abi_source == "/r/h.h"
+    assert _info(None, None).abi_source == "default"
+
+
+@pytest.mark.parametrize("text,expected", [
+    (None, None), ("", None), (" \t\n\r\v\f", None), ("1", 1), ("2", 2), (" 2", 2), ("1\n", 1),
+    ("\v2\f", 2), ("\t1 ", 1)])
+def test_revision_setting_strips_ascii_blanks(text, expected):
+    assert _loader.parse_revision("ACL_SWIGLU_ABI", text) == expected
+
+
+@pytest.mark.parametrize("text", ["3", "0", "01", "1.0", "2 2", "+1", "\u00a02", "two", "1\x00"])
+def test_revision_setting_refuses_anything_else_naming_variable_and_value(text):
+    with pytest.raises(ConfigurationError) as info:
+        _loader.parse_revision("ACL_EMU_ABI", text)
+    assert "ACL_EMU_ABI" in str(info.value) and repr(text) in str(info.value)
