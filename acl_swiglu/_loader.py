@@ -256,7 +256,8 @@ class _TrustGate:
             except OSError as exc:
                 found.append(f"{candidate}: cannot be examined ({exc.strerror})")
                 continue
-            problem = path_problem(candidate, info)
+            shown = candidate if key == candidate else f"{candidate} (a symlink to {key})"
+            problem = path_problem(shown, info)
             if problem:
                 found.append(problem)
         if not found:

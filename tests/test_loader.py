@@ -929,3 +929,82 @@ def test_real_emulator_copied_into_a_fake_root_under_cann_names(tmp_path, instal
     assert bundled["info"]["runtime"] == str(lib64 / "libascendcl.so")
     assert bundled["grad_x_bits"] == result["grad_x_bits"]
     assert bundled["grad_weight_bits"] == result["grad_weight_bits"]
+
+
+# ---- the install's ABI revision: a revision-1 CANN ----
+
+HEADER_REV1 = """/* operator header of a revision-1 install */
+aclnnStatus aclnnSwigluGroupQuantGradGetWorkspaceSize(
+    const aclTensor *gradY, const aclTensor *x, const aclTensor *weightOptional,
+    const aclTensor *yOriginOptional, const aclIntArray *groupIndexOptional, double clampLimit,
+    const aclTensor *gradXOut, const aclTensor *gradWeightOutOptional, uint64_t *workspaceSize,
+    aclOpExecutor **executor);
+"""
+HEADER_PATH = "include/aclnnop/aclnn_swiglu_group_quant_grad.h"
+
+
+def revision_1_cann(root: Path, lib64: Path) -> Path:
+    """The emulator's libraries under their CANN names, beside an operator header of revision 1."""
+    (root / "lib64").mkdir(parents=True)
+    for name in ("libascendcl.so", "libnnopbase.so", "libopapi.so"):
+        shutil.copyfile(lib64 / name, root / "lib64" / name)
+    header = root / HEADER_PATH
+    header.parent.mkdir(parents=True)
+    header.write_text(HEADER_REV1)
+    for path in [root, *root.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return header
+
+
+def test_a_revision_1_cann_is_called_with_revision_1_without_any_setting(tmp_path, installed):
+    # ACL_EMU_ABI=1 makes the emulator behave as a revision-1 CANN; the binding must find
+    # revision 1 in the install's header by itself (ACL_SWIGLU_ABI unset).
+    root = tmp_path / "cann-rev1"
+    header = revision_1_cann(root, Path(installed["lib64"]))
+    result = run_child(RUN_OP, child_env(ASCEND_HOME_PATH=root, ACL_EMU_ABI="1"), tmp_path)
+    info = result["info"]
+    assert info["abi"] == 1
+    assert info["abi_source"] == str(header)
+    assert (info["header"], info["header_abi"]) == (str(header), 1)
+    assert result["warnings"] == []
+    assert result["grad_x_pass"] and result["grad_weight_pass"], result["max_abs_error"]
+    assert result["tail_zero"]
+    # Bit for bit what the bundled emulator gives when both sides are told revision 1.
+    bundled = run_child(RUN_OP, child_env(ACL_SWIGLU_BACKEND="emulator", ACL_SWIGLU_ABI="1"), tmp_path)
+    assert bundled["info"]["abi"] == 1 and bundled["info"]["abi_source"] == "ACL_SWIGLU_ABI"
+    assert bundled["grad_x_bits"] == result["grad_x_bits"]
+    assert bundled["grad_weight_bits"] == result["grad_weight_bits"]
+
+
+def test_the_bundled_emulator_follows_acl_emu_abi_when_the_binding_is_not_told(tmp_path, installed):
+    result = run_child(RUN_OP, child_env(ACL_SWIGLU_BACKEND="emulator", ACL_EMU_ABI=" 1 "), tmp_path)
+    assert result["info"]["abi"] == 1 and result["info"]["abi_source"] == "ACL_EMU_ABI"
+    assert result["grad_x_pass"] and result["grad_weight_pass"]
+
+
+def test_acl_swiglu_abi_overrides_the_header_with_a_warning(tmp_path, fake_libs):
+    root = make_root(tmp_path / "cann", fake_libs, dict(STANDARD, **{HEADER_PATH: HEADER_REV1.encode()}))
+    result = discover(tmp_path, ASCEND_HOME_PATH=root, ACL_SWIGLU_ABI="2")
+    info = expect_info(result)
+    assert (info["abi"], info["abi_source"]) == (2, "ACL_SWIGLU_ABI")
+    warned = [w["message"] for w in runtime_warnings(result)]
+    assert len(warned) == 1, warned
+    assert f"ACL_SWIGLU_ABI=2 overrides ABI revision 1 declared by {root / HEADER_PATH}" in warned[0]
+    # The same setting that agrees with the header, and no setting at all: silent, revision 1.
+    for setting in ("1", None, " "):
+        result = discover(tmp_path, ASCEND_HOME_PATH=root, ACL_SWIGLU_ABI=setting)
+        assert expect_info(result)["abi"] == 1 and runtime_warnings(result) == []
+
+
+def test_without_a_header_the_revision_is_2_by_default(tmp_path, fake_libs):
+    root = make_root(tmp_path / "cann", fake_libs, STANDARD)
+    info = expect_info(discover(tmp_path, ASCEND_HOME_PATH=root))
+    assert (info["abi"], info["abi_source"], info["header"]) == (2, "default", None)
+
+
+@pytest.mark.parametrize("variable", ["ACL_SWIGLU_ABI", "ACL_EMU_ABI"])
+@pytest.mark.parametrize("value,abi", [(" 2", 2), ("1\t", 1), ("\n", 2), ("", 2)])
+def test_revision_settings_ignore_surrounding_blanks(tmp_path, fake_libs, variable, value, abi):
+    result = run_child(RUN_OP, child_env(ACL_SWIGLU_BACKEND="emulator", **{variable: value}), tmp_path)
+    assert result["info"]["abi"] == abi
+    assert result["grad_x_pass"]
