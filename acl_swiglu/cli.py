@@ -1,9 +1,10 @@
-"""acl-swiglu-sample: the seed document's example, done correctly, then checked against the
-NumPy reference. Options change the shapes, data, options, backend and ABI; --repeat times the
-phases; --json prints everything as one JSON object.
+"""acl-swiglu-sample: the operator documentation's example, done correctly, then checked against
+the NumPy reference. Options change the shapes, data, options, backend and ABI; --repeat times the
+phases; --json prints everything as one JSON object (failures included).
 
 Exit status: 0 the check passed (or was skipped with --no-check), 1 the check failed, 2 bad
-options, 3 the libraries or an ACL call failed, 4 an internal error (a bug: please report it).
+options or settings, 3 the libraries, an ACL call or the host's memory failed, 4 an internal error
+(a bug: please report it).
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import sys
 import time
 import warnings
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import numpy as np
 
@@ -76,8 +78,37 @@ def _groups(text: str):
     return counts
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose usage errors are also printed as JSON when --json was asked for."""
+
+    json_errors = False
+
+    def error(self, message):
+        self.print_usage(sys.stderr)
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        if self.json_errors:
+            print(_error_report({}, EXIT_USAGE, {"kind": "usage", "message": message}))
+        self.exit(EXIT_USAGE)
+
+
+def _asks_for_json(argv: List[str]) -> bool:
+    """Whether the command line has --json (or an abbreviation argparse accepts) before any '--'."""
+    words = argv[:argv.index("--")] if "--" in argv else argv
+    return any(len(word) >= 4 and "--json".startswith(word) for word in words)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="acl-swiglu-sample",
         description="Run aclnnSwigluGroupQuantGrad like the CANN documentation's example "
                     "(gradY [512,512], x [512,1024], weight [512,1], groupIndex {256,256}, clamp 1.0, fp16) "
@@ -103,6 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-check", action="store_true", help="skip the comparison with the reference")
     parser.add_argument("--repeat", type=_positive_int, default=None, metavar="N",
                         help="also time phase 1, phase 2 + synchronize, and a plan call, N times each")
+    parser.add_argument("--progress-after", type=_seconds, default=1.0, metavar="SECONDS",
+                        help="with --repeat on a terminal, show a progress bar once a phase has run this long "
+                             "(default 1; 0 shows it from the first call)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     return parser
 
@@ -147,10 +181,10 @@ def make_inputs(args, rng=None):
 
 
 class _Progress:
-    """A one-line progress bar on stderr, shown once a run has taken more than a second."""
+    """A one-line progress bar on stderr, shown once a run has taken `after` seconds."""
 
-    def __init__(self, label: str, total: int, enabled: bool):
-        self.label, self.total, self.enabled = label, total, enabled
+    def __init__(self, label: str, total: int, enabled: bool, after: float = 1.0):
+        self.label, self.total, self.enabled, self.after = label, total, enabled, after
         self.start = time.perf_counter()
         self.shown = False
 
@@ -158,7 +192,7 @@ class _Progress:
         if not self.enabled:
             return
         elapsed = time.perf_counter() - self.start
-        if elapsed < 1.0 or (done % max(1, self.total // 100) and done != self.total):
+        if elapsed < self.after or (done % max(1, self.total // 100) and done != self.total):
             return
         self.shown = True
         width = 30
@@ -179,7 +213,7 @@ def _summary(samples: List[float]) -> dict:
     return {"n": len(us), "min_us": min(us), "median_us": statistics.median(us), "max_us": max(us)}
 
 
-def time_phases(inputs, repeat: int, progress: bool) -> dict:
+def time_phases(inputs, repeat: int, progress: bool, after: float = 1.0) -> dict:
     """Times phase 1, phase 2 + synchronize, and a plan call + synchronize on device copies."""
     import acl_swiglu as acl
 
@@ -203,7 +237,7 @@ def time_phases(inputs, repeat: int, progress: bool) -> dict:
         args = [device[n] for n in names] + [inputs["clamp_limit"]]
 
         phase1, phase2, plan_times = [], [], []
-        bar = _Progress("phase 1", repeat, progress)
+        bar = _Progress("phase 1", repeat, progress, after)
         for i in range(repeat):
             t0 = time.perf_counter()
             executor = acl.get_workspace_size(*args, grad_x=grad_x, grad_weight=grad_weight)
@@ -211,7 +245,7 @@ def time_phases(inputs, repeat: int, progress: bool) -> dict:
             executor.close()
             bar.update(i + 1)
         bar.close()
-        bar = _Progress("phase 2 + synchronize", repeat, progress)
+        bar = _Progress("phase 2 + synchronize", repeat, progress, after)
         for i in range(repeat):
             executor = acl.get_workspace_size(*args, grad_x=grad_x, grad_weight=grad_weight)
             t0 = time.perf_counter()
@@ -220,7 +254,7 @@ def time_phases(inputs, repeat: int, progress: bool) -> dict:
             phase2.append(time.perf_counter() - t0)
             bar.update(i + 1)
         bar.close()
-        bar = _Progress("plan + synchronize", repeat, progress)
+        bar = _Progress("plan + synchronize", repeat, progress, after)
         with acl.SwigluGroupQuantGradPlan(*args, grad_x=grad_x, grad_weight=grad_weight, stream=stream) as plan:
             for i in range(repeat):
                 t0 = time.perf_counter()
@@ -248,6 +282,51 @@ def _first(values: Optional[np.ndarray]) -> List[float]:
     return [float(v) for v in values.reshape(-1)[:SHOWN].astype(np.float64)]
 
 
+def _version_text(info) -> str:
+    """What runs the operator, by release: the emulator's version, or the CANN one and its source."""
+    if info.backend == "emulator":
+        return info.emulator_version or "emulator"
+    if info.cann_version:
+        return f"CANN {info.cann_version}, from {info.cann_version_file}"
+    return "CANN version unknown: the install records none this package can read"
+
+
+# Bytes per gradY element (T x H) that building the inputs holds at its peak: the float64 patterns
+# of gradY, x (2H) and yOrigin plus x's index array (8 * (1 + 2 + 1 + 2)), and the converted copies.
+_PEAK_BYTES_PER_ELEMENT = 48
+
+
+def _memory_limit() -> Tuple[int, str]:
+    """The host memory this process can use at most, and what sets it."""
+    limit, what = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "the host's physical memory"
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        try:
+            with open("/proc/self/statm") as handle:
+                used = int(handle.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            used = 0
+        if soft - used < limit:
+            limit, what = max(0, soft - used), "this process's address-space limit (ulimit -v)"
+    return limit, what
+
+
+def _check_host_memory(args) -> None:
+    """Refuses, before allocating, a problem larger than the host can hold (a resource error)."""
+    from .errors import HostMemoryError
+
+    rows = args.tokens * (args.batch or 1)
+    itemsize = 4 if args.dtype == "fp32" else 2
+    needed = rows * args.hidden * (_PEAK_BYTES_PER_ELEMENT + 4 * itemsize)
+    limit, what = _memory_limit()
+    if needed > limit:
+        shape = f"--tokens {args.tokens} --hidden {args.hidden}" + (f" --batch {args.batch}" if args.batch else "")
+        raise HostMemoryError(
+            f"{shape} ({rows} x {args.hidden} elements of gradY, x twice that) needs about {needed / 2**30:.3g} GiB "
+            f"of host memory to build and check its inputs, more than {what} ({limit / 2**30:.3g} GiB); "
+            "choose smaller sizes")
+
+
 def run(args, report: dict) -> int:
     """The sample; fills `report` as it goes (main prints it, with an error if one occurs)."""
     import acl_swiglu as acl
@@ -270,12 +349,13 @@ def run(args, report: dict) -> int:
     report["backend"] = info.as_dict()
     say(f"backend: {'CPU emulator' if info.backend == 'emulator' else 'CANN'} (ABI revision {info.abi}), "
         f"root {info.root or '(system loader)'}")
-    say(f"  operator library: {info.operator}")
+    say(f"  operator library: {info.operator} ({_version_text(info)})")
     for warning in caught:   # e.g. "no CANN found, running on the emulator": one plain line
         print(f"note: {warning.message}", file=sys.stderr, flush=True)
     if args.device_id is not None:
         acl.set_device(args.device_id)
 
+    _check_host_memory(args)
     inputs = make_inputs(args)
     shapes = {k: list(v.shape) for k, v in inputs.items() if isinstance(v, np.ndarray)}
     report["inputs"] = {"dtype": args.dtype, "shapes": shapes, "clamp_limit": inputs["clamp_limit"],
@@ -315,7 +395,8 @@ def run(args, report: dict) -> int:
         status = EXIT_OK if passed else EXIT_CHECK_FAILED
 
     if args.repeat:
-        timing = time_phases(inputs, args.repeat, progress=not args.json and sys.stderr.isatty())
+        timing = time_phases(inputs, args.repeat, progress=not args.json and sys.stderr.isatty(),
+                             after=args.progress_after)
         report["timing"] = timing
         say(f"timing over {args.repeat} runs (microseconds, min / median):")
         for key, label in (("phase1", "phase 1"), ("phase2_sync", "phase 2 + synchronize"),
@@ -337,6 +418,8 @@ def _error_report(report: dict, status: int, error: dict) -> str:
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser.json_errors = _asks_for_json(argv)
     args = parser.parse_args(argv)
     from .errors import AclError, AclSwigluError, ArgumentError, ConfigurationError
 
@@ -351,6 +434,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     except (ArgumentError, ConfigurationError) as exc:
         parser.print_usage(sys.stderr)
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        if args.json:
+            kind = "configuration" if isinstance(exc, ConfigurationError) else "argument"
+            print(_error_report(report, EXIT_USAGE, {"kind": kind, "message": str(exc)}))
         return EXIT_USAGE
     except AclError as exc:
         print(f"{parser.prog}: ACL error: {exc.api} failed with {exc.name} ({exc.code})", file=sys.stderr)
@@ -364,6 +450,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"{parser.prog}: {exc}", file=sys.stderr)
         if args.json:
             print(_error_report(report, EXIT_ACL, {"kind": type(exc).__name__, "message": str(exc)}))
+        return EXIT_ACL
+    except MemoryError as exc:   # the host ran out of memory: a resource error, not a bug
+        message = (f"not enough host memory for this problem (--tokens {args.tokens} --hidden {args.hidden}"
+                   + (f" --batch {args.batch}" if args.batch else "") + f"): {exc or 'allocation failed'}; "
+                   "choose smaller sizes")
+        print(f"{parser.prog}: {message}", file=sys.stderr)
+        if args.json:
+            print(_error_report(report, EXIT_ACL, {"kind": "HostMemoryError", "message": message}))
         return EXIT_ACL
     except BrokenPipeError:
         # Whoever read our output stopped (`| head`): say nothing more, not even at exit.

@@ -101,12 +101,29 @@ REPORT_SCHEMA = {
             "type": "object",
             "additionalProperties": False,
             "description": "acl_swiglu.backend_info().as_dict()",
-            "required": ["backend", "requested", "abi", "root", "runtime", "meta", "operator",
-                         "emulator_version", "header", "header_abi", "searched"],
+            "required": ["backend", "requested", "abi", "abi_source", "root", "runtime", "meta", "operator",
+                         "emulator_version", "cann_version", "cann_version_file", "header", "header_abi",
+                         "trust", "searched"],
             "properties": {
                 "backend": {"enum": ["cann", "emulator"]},
                 "requested": {"enum": ["auto", "cann", "emulator"]},
                 "abi": {"enum": [1, 2]},
+                "abi_source": {"type": "string",
+                               "description": "'ACL_SWIGLU_ABI', the header path, 'ACL_EMU_ABI' or 'default'"},
+                "cann_version": {"type": ["string", "null"], "description": "null on the emulator"},
+                "cann_version_file": {"type": ["string", "null"]},
+                "trust": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["ran", "enforced", "checked", "problems", "note"],
+                    "properties": {
+                        "ran": {"type": "boolean"},
+                        "enforced": {"type": "boolean", "description": "false with ACL_SWIGLU_TRUST_LIBS=1"},
+                        "checked": {"type": "array", "items": {"type": "string"}},
+                        "problems": {"type": "array", "items": {"type": "string"}},
+                        "note": {"type": "string"},
+                    },
+                },
                 "root": {"type": ["string", "null"], "description": "null when the system loader found CANN"},
                 "runtime": {"type": "string"},
                 "meta": {"type": "string"},
@@ -157,22 +174,23 @@ REPORT_SCHEMA = {
     },
 }
 
-#: `--json` output when the libraries or an ACL call failed (exit status 3): what was known
-#: before the failure (backend, inputs), and the error.
+#: `--json` output of a failed run: bad options or settings (exit status 2), the libraries, an ACL
+#: call or host memory (3): what was known before the failure (backend, inputs), and the error.
 ERROR_REPORT_SCHEMA = {
     "type": "object",
     "additionalProperties": False,
     "required": ["ok", "exit_status", "error"],
     "properties": {
         "ok": {"enum": [False]},
-        "exit_status": {"enum": [3]},
+        "exit_status": {"enum": [2, 3]},
         "backend": REPORT_SCHEMA["properties"]["backend"],
         "inputs": REPORT_SCHEMA["properties"]["inputs"],
         "error": {
             "type": "object",
             "additionalProperties": False,
             "required": ["kind", "message"],
-            "description": "kind 'acl' (with api, code, name) or the exception class name",
+            "description": "kind 'usage', 'argument' or 'configuration' (exit 2), 'acl' (with api, code, name) "
+                           "or the exception class name (exit 3)",
             "properties": {
                 "kind": {"type": "string"},
                 "api": {"type": "string"},
@@ -400,7 +418,9 @@ def _check_default_text(out: str, err: str, info) -> None:
     lines = out.splitlines()
     root = info.root
     assert lines[0] == backend_line(info), "the backend line must come before anything else"
-    assert lines[1] == f"  operator library: {info.operator}"
+    assert lines[1] == f"  operator library: {info.operator} ({cli._version_text(info)})"
+    if info.backend == "emulator":
+        assert lines[1].endswith(f" ({info.emulator_version})")
     assert lines[2] == ("gradY [512, 512] x [512, 1024] fp16, weight [512, 1], groupIndex [256, 256], "
                         "clamp 1.0")
     assert lines[3] == "gradX output (first 10 elements):"
@@ -1163,30 +1183,135 @@ def _run_with_tty_stderr(cmd, cwd, env, timeout=300):
 
 
 def test_progress_bar_real_tty_and_pipe(tmp_path):
-    """A real process: its stderr a pseudo-terminal, a --repeat run lasting well over a second."""
-    shape = ["--tokens", 512, "--hidden", 512, "--no-check"]
-    probe = run_cli(tmp_path, "--json", "--repeat", 5, *shape)
-    assert probe.returncode == 0, probe.stderr
-    per_call_us = json.loads(probe.stdout)["timing"]["plan_sync"]["median_us"]
-    # phase 2 + synchronize (which also runs phase 1 for every launch) takes over 1.5 s: the bar
-    # shows once a phase has run for a second
-    repeat = max(10, math.ceil(1.5e6 / per_call_us))
-    args = [str(a) for a in ("--repeat", repeat, *shape)]
-    # the same run with stderr a pipe, at the same time: no bar there
-    piped = subprocess.Popen(ENTRY_POINTS["module"] + args, cwd=tmp_path, env=subprocess_env(),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        rc, out, err = _run_with_tty_stderr(ENTRY_POINTS["module"] + args, tmp_path, subprocess_env())
-    finally:
-        piped_out, piped_err = piped.communicate(timeout=300)
+    """A real process whose stderr is a pseudo-terminal, and the same run piped. --progress-after 0
+    shows the bar from the first call, so what appears does not depend on how fast the machine is."""
+    repeat = 12
+    args = [str(a) for a in ("--repeat", repeat, "--progress-after", 0, "--tokens", 8, "--hidden", 16,
+                             "--no-check")]
+    piped = run_cli(tmp_path, *args)
+    rc, out, err = _run_with_tty_stderr(ENTRY_POINTS["module"] + args, tmp_path, subprocess_env())
     assert rc == 0, err
     assert f"timing over {repeat} runs" in out
-    finished = re.findall(r"\r(phase 1|phase 2 \+ synchronize|plan \+ synchronize) +\[#{30}\] (\d+)/(\d+) eta ",
-                          err)
-    assert finished, f"no completed progress bar on the terminal: {err[-300:]!r}"
-    assert all(done == total == str(repeat) for _, done, total in finished)
-    assert "phase 2 + synchronize" in {label for label, _, _ in finished}, err[-300:]
+    labels = ("phase 1", "phase 2 + synchronize", "plan + synchronize")
+    for label in labels:
+        # every call redraws the bar (12 < 100 steps), ending complete
+        drawn = re.findall(rf"\r{re.escape(label)} +\[([#.]{{30}})\] (\d+)/{repeat} eta ", err)
+        assert [int(done) for _, done in drawn] == list(range(1, repeat + 1)), (label, err[-400:])
+        assert drawn[-1][0] == "#" * 30
+    assert err.count("\n") == len(labels)           # each bar ends its line once
     assert "Traceback" not in err
-    assert piped.returncode == 0, piped_err
-    assert "\r" not in piped_err and "eta" not in piped_err
-    assert f"timing over {repeat} runs" in piped_out
+    assert piped.returncode == 0, piped.stderr
+    assert "\r" not in piped.stderr and "eta" not in piped.stderr
+    assert f"timing over {repeat} runs" in piped.stdout
+
+
+def test_progress_after_waits_for_its_delay(capsys, monkeypatch):
+    # The fake clock advances 0.25 s per reading, several readings per call: with --progress-after 0
+    # the phase 1 bar starts at call 1, with 3 seconds some calls later, and both end complete.
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    first_shown = {}
+    for after in (0, 3):
+        monkeypatch.setattr(cli, "time", FakeClock())
+        rc, out, err = run_inproc(capsys, "--repeat", 20, "--progress-after", after, "--tokens", 4,
+                                  "--hidden", 4, "--no-check")
+        assert rc == 0
+        shown = [int(done) for done in re.findall(r"\rphase 1 +\[[#.]{30}\] (\d+)/20 eta ", err)]
+        first_shown[after] = shown[0]
+        assert shown == list(range(shown[0], 21))
+        assert err.count(f"[{'#' * 30}] 20/20 eta ") == 3
+    assert first_shown[0] == 1
+    assert 1 < first_shown[3] < 20
+
+
+@pytest.mark.parametrize("value", ["-1", "inf", "nan", "soon"])
+def test_progress_after_must_be_seconds(capsys, value):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--progress-after", value])
+    assert exc.value.code == 2
+    assert "argument --progress-after:" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- host memory
+
+
+@pytest.mark.parametrize("sizes", [("--tokens", 10**9, "--hidden", 10**9),
+                                   ("--tokens", 2**40, "--hidden", 4096, "--batch", 2**30),
+                                   ("--tokens", 10**6, "--hidden", 10**6, "--dtype", "fp32")])
+def test_more_memory_than_the_host_has_is_a_resource_error(capsys, sizes):
+    rc, out, err = run_inproc(capsys, *sizes)
+    assert rc == 3, err
+    assert "Traceback" not in err and "internal error" not in err
+    assert "GiB of host memory" in err and "choose smaller sizes" in err
+    assert f"--tokens {sizes[1]} --hidden {sizes[3]}" in err
+
+
+def test_more_memory_than_the_host_has_json(capsys):
+    rc, out, err = run_inproc(capsys, "--json", "--tokens", 10**9, "--hidden", 10**9)
+    report = json.loads(out)
+    assert rc == 3 and report["exit_status"] == 3 and report["ok"] is False
+    assert_schema(report, ERROR_REPORT_SCHEMA)
+    assert report["error"]["kind"] == "HostMemoryError" and "GiB" in report["error"]["message"]
+    assert report["backend"]["backend"] in ("emulator", "cann")
+
+
+def test_a_process_memory_limit_is_respected(tmp_path):
+    # Under `ulimit -v` 1 GiB an 8192 x 4096 run (about 2 GiB to build its inputs) is refused up front.
+    def limit():
+        import resource
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    env = subprocess_env(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    proc = subprocess.run(ENTRY_POINTS["module"] + ["--tokens", "8192", "--hidden", "4096"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300, preexec_fn=limit)
+    assert proc.returncode == 3, proc.stderr
+    assert "address-space limit (ulimit -v)" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_an_allocation_that_fails_later_is_a_resource_error_too(capsys, monkeypatch):
+    # Past the up-front estimate, numpy's own MemoryError (here a real one: 4 EiB) still exits 3.
+    def greedy(args, rng=None):
+        return np.empty(1 << 62, dtype=np.uint8)
+
+    monkeypatch.setattr(cli, "make_inputs", greedy)
+    for extra in ([], ["--json"]):
+        rc, out, err = run_inproc(capsys, *extra, "--tokens", 4, "--hidden", 4)
+        assert rc == 3 and "Traceback" not in err
+        assert "not enough host memory for this problem (--tokens 4 --hidden 4)" in err
+        if extra:
+            report = json.loads(out)
+            assert_schema(report, ERROR_REPORT_SCHEMA)
+            assert report["error"]["kind"] == "HostMemoryError"
+
+
+# ----------------------------------------------------------------------------- --json on usage errors
+
+
+@pytest.mark.parametrize("args,message", [(["--json", "--dtype", "fp64"], "argument --dtype: invalid choice"),
+                                          (["--tokens", "x", "--json"], "argument --tokens: 'x' is not a whole"),
+                                          (["--js", "--bogus"], "unrecognized arguments: --bogus")])
+def test_usage_errors_print_json_when_asked(capsys, args, message):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(args)
+    assert exc.value.code == 2
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert_schema(report, ERROR_REPORT_SCHEMA)
+    assert report["exit_status"] == 2 and report["error"]["kind"] == "usage"
+    assert message in report["error"]["message"]
+    assert captured.err.startswith("usage: acl-swiglu-sample ")      # stderr unchanged
+
+
+def test_no_json_after_a_double_dash(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--bogus", "--", "--json"])
+    assert capsys.readouterr().out == ""
+
+
+def test_configuration_error_prints_json_when_asked(capsys, monkeypatch):
+    monkeypatch.setenv("ACL_SWIGLU_ABI", "7")
+    rc, out, err = run_inproc(capsys, "--json", "--tokens", 4, "--hidden", 4)
+    assert rc == 2
+    report = json.loads(out)
+    assert_schema(report, ERROR_REPORT_SCHEMA)
+    assert report["error"]["kind"] == "configuration"
+    assert "ACL_SWIGLU_ABI='7'" in report["error"]["message"]
