@@ -1,16 +1,16 @@
 """Float64 reference for aclnnSwigluGroupQuantGrad and a verdict for comparing results.
 
-The functions here implement the documented math of SPEC section 1 (NumPy only), not the
-device's fp32 formula: sigmoid is the mathematical 1/(1+exp(-x)), computed stably. Where the
-device formula departs from the math (NaN for x0 >= 88.72 without clamp) `device_departures`
-tells which positions, so that `compare` can report them instead of failing on them.
+The functions here implement the documented math (NumPy only), not the device's fp32 formula:
+sigmoid is the mathematical 1/(1+exp(-x)), computed stably. Where the device's fp32 operation
+sequence departs from the math (exp overflowing to inf or flushing to 0, a product overflowing
+fp32, inf times 0), `device_departures` tells which positions, so that `compare` can report them
+instead of failing on them.
 """
 
 from __future__ import annotations
 
 import math
 import mmap
-import numbers
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -18,7 +18,10 @@ from dataclasses import asdict, dataclass
 import ml_dtypes
 import numpy as np
 
+from ._validate import check_clamp_limit
+
 __all__ = [
+    "EXP_FLUSH_X",
     "EXP_OVERFLOW_X",
     "TOLERANCES",
     "Comparison",
@@ -37,6 +40,9 @@ _MAX_RANK = 8
 
 #: float32(88.72284): from here on the device's fp32 exp is +inf and its sigmoid e/(e+1) is NaN.
 EXP_OVERFLOW_X = 88.72283935546875
+#: The first float32 whose exp is at least FLT_MIN: below it the device's exp flushes to +0
+#: (exp(-87.3365478515625) is FLT_MIN * 0.999997).
+EXP_FLUSH_X = -87.33654022216797
 
 # Elements of x (2H per row) handled per chunk: the float64 temporaries (about 1 MB each, a
 # few per thread) stay the same whatever the input size, so memory is the outputs plus a
@@ -70,14 +76,12 @@ def _check_data(name: str, arr, allow_f64: bool = False) -> np.ndarray:
 
 
 def _check_clamp(clamp_limit) -> np.float32 | None:
-    """None when clamp is off, else the fp32 limit the operator uses."""
-    if clamp_limit is None:
+    """None when clamp is off, else the fp32 limit the operator uses. The binding's own rule
+    decides (None = off; otherwise finite, > 0 and > 0 once rounded to fp32), so that the
+    reference refuses exactly what a call refuses, with the same errors."""
+    value = check_clamp_limit(clamp_limit)
+    if value is None:
         return None
-    if isinstance(clamp_limit, (bool, np.bool_)) or not isinstance(clamp_limit, numbers.Real):
-        raise TypeError(f"clamp_limit must be None or a real number, got {type(clamp_limit).__name__}")
-    value = float(clamp_limit)
-    if not math.isfinite(value) or value <= 0.0:
-        raise ValueError(f"clamp_limit must be None (off) or a finite number > 0, got {value!r}")
     # The C ABI takes a double but the kernel compares and clamps with (float)clampLimit.
     with np.errstate(over="ignore", under="ignore"):
         return np.float32(value)
@@ -336,27 +340,92 @@ def swiglu(x, clamp_limit=None):
     return y
 
 
-def device_departures(x, clamp_limit=None, group_index=None):
-    """Bool mask (x's shape) of grad_x positions where the device gives NaN but the math need not.
+def _device_exp(x0: np.ndarray) -> np.ndarray:
+    """The device's fp32 exp, as far as what follows depends on it: +inf from EXP_OVERFLOW_X on,
+    +0 below EXP_FLUSH_X, NaN for NaN; in between within an ulp of the true value."""
+    with np.errstate(over="ignore", under="ignore"):
+        e = np.exp(x0.astype(np.float64)).astype(np.float32)
+    e[x0 >= EXP_OVERFLOW_X] = np.inf
+    e[x0 < EXP_FLUSH_X] = 0.0
+    return e
 
-    A row t < trunc whose (clamped) x0[h] >= 88.72283935546875 makes the device's fp32 exp
-    overflow (s = inf/inf); both column h and column H + h are marked. NaN inputs are not marked.
+
+def _device_rows(gy: np.ndarray, x0o: np.ndarray, x1o: np.ndarray, c) -> np.ndarray:
+    """grad_x of some rows by the device's fp32 operation sequence (section 1, steps 5 to 8), from
+    fp32 inputs (gy already weighted). Exact in every step but exp, which is within an ulp; what
+    matters here is where a step gives inf, NaN or 0."""
+    f32 = np.float32
+    one = f32(1)
+    if c is not None:
+        x0, x1 = np.minimum(x0o, c), np.minimum(np.maximum(x1o, -c), c)
+    else:
+        x0, x1 = x0o, x1o
+    e = _device_exp(x0)
+    s = e / (e + one)                                 # inf/inf = NaN where exp overflowed
+    silu = x0 * s
+    dsilu = s * (((one - s) * x0) + one)
+    gx0 = (gy * x1) * dsilu                           # gy * x1 may overflow first
+    gx1 = gy * silu
+    if c is not None:                                 # masks by multiplication: inf * 0 = NaN
+        gx0 = gx0 * (x0o < c).astype(f32)
+        gx1 = gx1 * ((-c < x1o) & (x1o < c)).astype(f32)
+    return np.concatenate([gx0, gx1], axis=1)
+
+
+def device_departures(x, clamp_limit=None, group_index=None, grad_y=None, weight=None):
+    """Bool mask (x's shape) of grad_x positions where the device's fp32 formula departs from the
+    math, so that `compare(..., departures=mask)` counts them instead of judging them.
+
+    The device's steps are followed in fp32 (section 1): ``gy * weight``, the clamp, ``exp`` (which
+    overflows to inf from x0 >= 88.72283935546875 and flushes to 0 below -87.33654), ``e/(e+1)``,
+    ``gy * x1``, the products with dsilu and silu and the masks (inf * 0 = NaN). A position departs
+    when that sequence gives NaN, inf or 0 where the float64 math (rounded to the output dtype, as
+    `compare` judges it) does not, by more than the dtype's tolerance; and an overflowed exp always
+    marks both of its columns (the device's sigmoid is NaN there, the math's 1). Examples: x0 >= 88.72
+    without clamp (NaN); a flushed exp meeting x1 = +-inf (NaN where the math gives +-inf); ``gy *
+    x1`` or ``gy * weight`` beyond the fp32 range where the true gradient is finite (inf); a masked
+    overflow (NaN where the math gives 0). NaN inputs are NaN in both and are not marked.
+
+    Without ``grad_y`` the steps are followed for gy = 1 (what depends on x alone); ``weight`` (fp32,
+    T elements) is the MoE weight if the call has one. Rows t >= trunc are never marked.
     """
     rows, h = _check_x(x, allow_f64=True)
     c = _check_clamp(clamp_limit)
     trunc = _trunc(group_index, rows)
+    if grad_y is not None:
+        _check_data("grad_y", grad_y)
+        if grad_y.shape != x.shape[:-1] + (h,):
+            raise ValueError(f"grad_y must have shape {x.shape[:-1] + (h,)} for x {x.shape}, got {grad_y.shape}")
+    if weight is not None:
+        if not isinstance(weight, np.ndarray) or weight.dtype != _F32 or weight.size != rows:
+            raise ValueError(f"weight must be a float32 numpy.ndarray of T = {rows} elements")
+    out_dt = _F32 if x.dtype == _F64 else x.dtype
+    tol = TOLERANCES[_dtype_name(out_dt)][0]
     mask = np.zeros(x.shape, dtype=bool)
     m2 = mask.reshape(rows, 2 * h)
     x2 = x.reshape(rows, 2 * h)
+    gy2 = None if grad_y is None else grad_y.reshape(rows, h)
+    w1 = None if weight is None else weight.reshape(rows)
     step = _chunk_rows(2 * h)
-    for r0 in range(0, trunc, step):
-        r1 = min(trunc, r0 + step)
-        x0 = _widen(x2[r0:r1, :h])
-        if c is not None:
-            x0 = np.minimum(x0, float(c))
-        hit = x0 >= EXP_OVERFLOW_X
-        m2[r0:r1, :h] = hit
-        m2[r0:r1, h:] = hit
+    scratch = _Scratch(step, h)
+    with np.errstate(invalid="ignore", over="ignore", under="ignore", divide="ignore"):
+        for r0 in range(0, trunc, step):
+            r1 = min(trunc, r0 + step)
+            x0o = x2[r0:r1, :h].astype(np.float32)
+            x1o = x2[r0:r1, h:].astype(np.float32)
+            gy = np.ones_like(x0o) if gy2 is None else gy2[r0:r1].astype(np.float32)
+            gy64 = gy.astype(np.float64)
+            if w1 is not None:
+                gy64 *= w1[r0:r1, None]                 # exact: a product of two fp32 values
+                gy = gy * w1[r0:r1, None]               # fp32: may overflow
+            device = _device_rows(gy, x0o, x1o, c).astype(out_dt).astype(np.float64)
+            golden = np.empty((r1 - r0, 2 * h))
+            _rows(0, r1 - r0, gy64, x2[r0:r1], None, None, c, golden, None, scratch)
+            rounded = golden.astype(out_dt).astype(np.float64)
+            differs = _classes(device) != _classes(rounded)
+            flushed = (device == 0) & np.isfinite(golden) & (np.abs(golden) > tol + tol * np.abs(golden))
+            overflowed = (np.minimum(x0o, c) if c is not None else x0o) >= EXP_OVERFLOW_X
+            m2[r0:r1] = differs | flushed | np.concatenate([overflowed, overflowed], axis=1)
     return mask
 
 

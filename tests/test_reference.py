@@ -692,3 +692,137 @@ def test_memory_bounded_on_large_bf16_input():
         )
         np.testing.assert_allclose(gx[t, :8], exp_row[:8], rtol=1e-12, atol=1e-300)
         np.testing.assert_allclose(gx[t, H : H + 8], exp_row[8:], rtol=1e-12, atol=1e-300)
+
+
+# ----------------------------------------------------------------------------- departures, step by step
+#
+# Each case is one row, H = 2: column 0 of each half hits a step of the device's fp32 sequence that
+# gives inf, NaN or 0 where the real-number math does not; column 1 is ordinary. The emulator (the
+# public one-shot call) shows what the device does; the hand formula says what the math gives.
+
+F32 = np.float32
+DEPARTURE_CASES = {
+    # name: (dtype, gy, x0, x1, weight, clamp, {column: what the device gives}, unmarked columns)
+    "exp overflow without clamp": (F32, [2.0, 1.0], [89.0, 0.5], [0.0, 1.0], None, None,
+                                   {0: "nan", 2: "nan"}, [1, 3]),
+    "flushed exp meets x1 = +inf": (F32, [1.0, 1.0], [-90.0, 0.5], [np.inf, 1.0], None, None,
+                                    {0: "nan"}, [1, 2, 3]),
+    "flushed exp meets x1 = -inf": (BF16, [2.0, 1.0], [-100.0, 0.5], [-np.inf, 1.0], None, None,
+                                    {0: "nan"}, [1, 2, 3]),
+    "gy * x1 beyond fp32, true result finite": (F32, [1e30, 1.0], [-20.0, 0.5], [1e10, 1.0], None, None,
+                                                {0: "-inf"}, [1, 2, 3]),
+    "gy * weight beyond fp32, true result finite": (F32, [1e30, 1.0], [0.5, 0.5], [1e-5, 1.0], 1e10, None,
+                                                    {0: "inf"}, [1, 3]),
+    "masked gy * x1 overflow": (F32, [1e37, 1.0], [85.0, 0.5], [80.0, 1.0], None, 81.0, {0: "nan"}, [1, 3]),
+    "masked gy * silu overflow": (F32, [1e37, 1.0], [50.0, 0.5], [90.0, 1.0], None, 81.0, {2: "nan"}, [1, 3]),
+    "masked weight overflow": (F32, [3e38, 1.0], [5.0, 0.5], [1.0, 1.0], 10.0, 2.0, {0: "nan"}, [1, 3]),
+    "flushed exp, gy * x1 large but finite": (F32, [1e20, 1.0], [-88.0, 0.5], [1e18, 1.0], None, None,
+                                              {0: "zero"}, [1, 2, 3]),
+}
+
+
+def _math_row(gy, x0, x1, w, c):
+    """The real-number gradient, in Python floats (inf where the math itself is infinite)."""
+    row = []
+    for g, a0, a1 in zip(gy, x0, x1):
+        g = g * (w if w is not None else 1.0)
+        a, b = (a0, a1) if c is None else (min(a0, c), min(max(a1, -c), c))
+        s = sig(a)
+        d = s * (1.0 + a * (1.0 - s))
+        m0 = 1.0 if c is None or a0 < c else 0.0
+        m1 = 1.0 if c is None or -c < a1 < c else 0.0
+        row.append((g * b * d * m0) if m0 else 0.0)
+    for g, a0, a1 in zip(gy, x0, x1):
+        g = g * (w if w is not None else 1.0)
+        a = a0 if c is None else min(a0, c)
+        s = sig(a)
+        m1 = 1.0 if c is None or -c < a1 < c else 0.0
+        row.append(g * a * s * m1 if m1 else 0.0)
+    return row
+
+
+@pytest.mark.parametrize("case", list(DEPARTURE_CASES))
+def test_each_departure_matches_the_emulator(case):
+    import acl_swiglu
+
+    dtype, gy, x0, x1, w, clamp, device_gives, unmarked = DEPARTURE_CASES[case]
+    grad_y = np.array([gy], np.float32).astype(dtype)
+    x = np.array([x0 + x1], np.float32).astype(dtype)
+    weight = None if w is None else np.array([[w]], np.float32)
+    y_origin = None if w is None else np.zeros_like(grad_y)
+    grad_x, _ = acl_swiglu.swiglu_group_quant_grad(grad_y, x, weight, y_origin, None, clamp)
+    device = grad_x.astype(np.float64)[0]
+    math_row = _math_row([float(v) for v in grad_y[0]], [float(v) for v in x[0, :2]],
+                         [float(v) for v in x[0, 2:]], w, None if clamp is None else f32(clamp))
+    dep = R.device_departures(x, clamp, None, grad_y=grad_y, weight=weight)
+    for column, gives in device_gives.items():
+        value = device[column]
+        assert {"nan": math.isnan(value), "inf": value == math.inf, "-inf": value == -math.inf,
+                "zero": value == 0}[gives], (case, column, value)
+        # ... where the math does not
+        expected = math_row[column]
+        assert not math.isnan(expected)
+        if gives == "zero":
+            assert abs(expected) > 1.0, expected
+        elif gives != "nan":
+            assert math.isfinite(expected), expected
+        assert dep[0, column], (case, column)
+    for column in unmarked:
+        assert not dep[0, column], (case, column)
+    golden, _ = R.swiglu_group_quant_grad(grad_y, x, weight, y_origin, None, clamp)
+    assert R.compare(grad_x, golden, departures=dep).passed
+    assert not R.compare(grad_x, golden).passed
+    assert not R.compare(grad_x, golden, departures=R.device_departures(x, clamp)).passed or case in (
+        "exp overflow without clamp", "flushed exp meets x1 = +inf", "flushed exp meets x1 = -inf")
+
+
+def test_departures_never_mark_rows_past_trunc_or_ordinary_values():
+    rng = np.random.default_rng(5)
+    gy = rng.standard_normal((16, 32)).astype(np.float32)
+    x = (rng.standard_normal((16, 64)) * 4).astype(np.float32)
+    x[3, 0] = 95.0
+    x[12, 1] = 95.0                          # past trunc
+    dep = R.device_departures(x, None, np.array([10], np.int64), grad_y=gy)
+    assert np.flatnonzero(dep.reshape(-1)).tolist() == [3 * 64 + 0, 3 * 64 + 32]
+
+
+def test_departures_check_grad_y_and_weight():
+    x = np.zeros((2, 4), np.float32)
+    with pytest.raises(ValueError, match="grad_y must have shape"):
+        R.device_departures(x, grad_y=np.zeros((2, 3), np.float32))
+    with pytest.raises(ValueError, match="weight must be a float32"):
+        R.device_departures(x, grad_y=np.zeros((2, 2), np.float32), weight=np.zeros(3, np.float32))
+
+
+def test_flush_threshold_is_where_the_emulator_flushes():
+    import acl_swiglu
+
+    below = float(np.nextafter(np.float32(R.EXP_FLUSH_X), np.float32(-100)))
+    x = np.array([[below, R.EXP_FLUSH_X, 1.0, 1.0]], np.float32)
+    gx, _ = acl_swiglu.swiglu_group_quant_grad(np.ones((1, 2), np.float32), x)
+    assert gx[0, 2] == 0 and np.signbit(gx[0, 2])        # silu = x0 * 0 = -0.0
+    assert gx[0, 3] < 0                                   # x0 * FLT_MIN-ish: not flushed
+
+
+@pytest.mark.parametrize("value", [1e-50, 1e-46, 5e-324])
+def test_a_clamp_that_rounds_to_zero_in_fp32_is_refused_like_a_call(value):
+    import acl_swiglu
+    from acl_swiglu.errors import ArgumentError
+
+    gy = np.ones((1, 1), np.float32)
+    x = np.ones((1, 2), np.float32)
+    with pytest.raises(ArgumentError, match="rounds to 0 in float32") as ref_error:
+        R.swiglu_group_quant_grad(gy, x, clamp_limit=value)
+    with pytest.raises(ArgumentError) as call_error:
+        acl_swiglu.swiglu_group_quant_grad(gy, x, clamp_limit=value)
+    assert str(ref_error.value) == str(call_error.value)
+    for fn in (lambda: R.swiglu(x, value), lambda: R.device_departures(x, value)):
+        with pytest.raises(ArgumentError, match="rounds to 0 in float32"):
+            fn()
+
+
+def test_a_clamp_beyond_fp32_is_refused_like_a_call():
+    from acl_swiglu.errors import ArgumentError
+
+    with pytest.raises(ArgumentError, match="beyond float32 range"):
+        R.swiglu_group_quant_grad(np.ones((1, 1), np.float32), np.ones((1, 2), np.float32), clamp_limit=1e39)
