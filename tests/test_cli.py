@@ -322,7 +322,7 @@ def value_lines(lines, name):
 
 
 def example_inputs(dtype="fp16", tokens=512, hidden=512, batch=None, weight=True, groups="halves", clamp=1.0):
-    """The documented example's inputs, built here from the issue's formulas (not by the CLI)."""
+    """The documented example's inputs, built here from the documented formulas (not by the CLI)."""
     lead = (batch, tokens) if batch else (tokens,)
     rows = math.prod(lead)
 
@@ -923,8 +923,8 @@ def test_bad_environment_is_a_usage_error(capsys, monkeypatch):
 
 
 def test_negative_seed_is_a_usage_error(tmp_path):
-    """BUG: `--random --seed -1` is accepted by the parser, then numpy raises inside run():
-    a Traceback and exit status 1 (the 'check failed' status) instead of an argparse error, 2."""
+    """`--random --seed -1` is refused by the parser (exit 2), rather than reaching numpy inside
+    run() as a traceback with the 'check failed' status."""
     proc = run_cli(tmp_path, "--random", "--seed", "-1", "--tokens", 4, "--hidden", 4)
     assert "Traceback" not in proc.stderr, proc.stderr
     assert proc.returncode == 2
@@ -932,8 +932,8 @@ def test_negative_seed_is_a_usage_error(tmp_path):
 
 
 def test_huge_group_count_is_a_usage_error(tmp_path):
-    """BUG: a --group-index count beyond int64 parses, then np.asarray(..., int64) raises
-    OverflowError inside run(): a Traceback and exit status 1 instead of exit 2."""
+    """A --group-index count beyond int64 is refused by the parser (exit 2), rather than raising
+    OverflowError from np.asarray(..., int64) inside run()."""
     proc = run_cli(tmp_path, "--group-index", "99999999999999999999", "--tokens", 4, "--hidden", 4)
     assert "Traceback" not in proc.stderr, proc.stderr
     assert proc.returncode == 2
@@ -1021,9 +1021,8 @@ def test_invalid_device_id_json(capsys):
 
 @pytest.mark.emulator_only
 def test_failed_device_id_does_not_poison_later_runs(capsys):
-    """BUG (acl_swiglu.runtime.set_device): a failed --device-id 5 leaves device 5 chosen in the
-    process, so every later in-process run (without --device-id) fails with
-    ACL_ERROR_RT_INVALID_DEVICEID in aclrtSetDevice."""
+    """A failed --device-id 5 leaves nothing behind: later in-process runs (without --device-id)
+    still run on the default device instead of failing with ACL_ERROR_RT_INVALID_DEVICEID."""
     try:
         rc, _, _ = run_inproc(capsys, "--device-id", 5, "--tokens", 4, "--hidden", 4)
         assert rc == 3
@@ -1086,8 +1085,8 @@ def test_backend_cann_in_process_after_emulator_loaded(capsys, clean_env):
 
 
 def test_in_process_run_leaves_the_environment_alone(capsys, clean_env):
-    """BUG: run() writes --backend / --abi into os.environ and never restores them, so an
-    in-process caller keeps ABI revision 1 (and the backend choice) for every later call."""
+    """--backend / --abi apply to one run: os.environ is as before afterwards, so an in-process
+    caller does not keep ABI revision 1 (or the backend choice) for later calls."""
     before = {k: os.environ.get(k) for k in ("ACL_SWIGLU_BACKEND", "ACL_SWIGLU_ABI")}
     rc, _, _ = run_inproc(capsys, "--abi", "1", "--backend", "emulator", "--tokens", 4, "--hidden", 4)
     assert rc == 0
@@ -1098,11 +1097,9 @@ def test_in_process_run_leaves_the_environment_alone(capsys, clean_env):
 
 @pytest.mark.emulator_only
 def test_exit_frees_every_handle_before_acl_finalize(tmp_path):
-    """BUG (acl_swiglu.runtime): at interpreter exit the per-thread stream of one-shot calls and
-    its workspace are still live at aclFinalize. runtime._Runtime.shutdown is registered with
-    atexit at aclInit, BEFORE weakref.finalize registers its own atexit hook (on the first owned
-    object), so weakref's hook runs first, sets finalize._shutdown, and the finalizers shutdown()
-    then calls do nothing. The emulator's leak check shows it."""
+    """At interpreter exit the per-thread stream of one-shot calls and its workspace are freed
+    before aclFinalize, whatever order the atexit hooks of the runtime and of weakref.finalize
+    run in; the emulator's leak check shows anything left."""
     for args in (["--tokens", 8, "--hidden", 8], ["--repeat", 2, "--tokens", 8, "--hidden", 8]):
         proc = run_cli(tmp_path, *args, env=subprocess_env(ACL_EMU_LEAK_CHECK="1"))
         assert proc.returncode == 0, proc.stderr
