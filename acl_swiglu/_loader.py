@@ -147,10 +147,9 @@ def abi_revision() -> int:
         value = parse_revision(ENV_ABI, os.environ.get(ENV_ABI))
     libs = _loaded
     if value is None:
-        if libs is None:
-            libs = libraries()
-        return libs.info.abi_declared or DEFAULT_ABI
-    if libs is not None and libs.info.abi_declared not in (None, value) and value not in _override_warned:
+        return _install_revision if libs is not None else libraries().info.abi_declared or DEFAULT_ABI
+    if libs is not None and value != _install_revision and value not in _override_warned \
+            and libs.info.abi_declared is not None:
         _override_warned.add(value)
         _warn_override(libs.info, value, stacklevel=3)
     return value
@@ -716,16 +715,19 @@ def load(requested: Optional[str] = None) -> Libraries:
 
 _lock = threading.Lock()
 _loaded: Optional[Libraries] = None
+_install_revision = DEFAULT_ABI   # the loaded install's declared revision, or the default
 
 
 def libraries() -> Libraries:
     """The loaded libraries, loading them on first use."""
-    global _loaded
+    global _loaded, _install_revision
     libs = _loaded
     if libs is None:
         with _lock:
             if _loaded is None:
-                _loaded = load()
+                libs = load()
+                _install_revision = libs.info.abi_declared or DEFAULT_ABI
+                _loaded = libs
             libs = _loaded
     return libs
 

@@ -150,6 +150,19 @@ STANDARD: Layout = {
 }
 
 
+def safe_modes(top: Path) -> None:
+    """Owner-only write on everything under `top` (dirs 0755, files 0644), whatever the umask: the
+    loader refuses libraries that others may write."""
+    top.chmod(0o755)
+    for dirpath, dirnames, filenames in os.walk(top):
+        for name in dirnames:
+            Path(dirpath, name).chmod(0o755)
+        for name in filenames:
+            path = Path(dirpath, name)
+            if not path.is_symlink():
+                path.chmod(0o644)
+
+
 def make_root(root: Path, fake_libs: Dict[str, Path], layout: Layout) -> Path:
     """A fake CANN root: each relative path gets a copy of a fake library (by role) or raw bytes."""
     root.mkdir(parents=True, exist_ok=True)
@@ -160,6 +173,7 @@ def make_root(root: Path, fake_libs: Dict[str, Path], layout: Layout) -> Path:
             dest.write_bytes(what)
         else:
             shutil.copyfile(fake_libs[what], dest)
+    safe_modes(root)
     return root
 
 
@@ -899,6 +913,7 @@ def test_real_emulator_copied_into_a_fake_root_under_cann_names(tmp_path, instal
     shutil.copyfile(lib64 / "libascendcl.so", root / "lib64/libacl_rt.so")
     shutil.copyfile(lib64 / "libnnopbase.so", root / "lib64/libnnopbase.so")
     shutil.copyfile(lib64 / "libopapi.so", root / "lib64/libopapi_nn.so")
+    safe_modes(root)
     assert not (root / "lib64/libascendcl.so").exists()
 
     result = run_child(RUN_OP, child_env(ASCEND_HOME_PATH=root, ACL_SWIGLU_ABI=abi), tmp_path)
@@ -951,8 +966,7 @@ def revision_1_cann(root: Path, lib64: Path) -> Path:
     header = root / HEADER_PATH
     header.parent.mkdir(parents=True)
     header.write_text(HEADER_REV1)
-    for path in [root, *root.rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
+    safe_modes(root)
     return header
 
 

@@ -18,29 +18,15 @@ from pathlib import Path
 import pytest
 
 from test_loader import (STANDARD, discover, expect_error, expect_info, fake_libs, fake_paths_mapped,  # noqa: F401
-                         installed, make_root, runtime_warnings)
+                         installed, make_root, runtime_warnings, safe_modes)
 
 FOREIGN_UID = 54321          # no such user on a test machine: "neither root nor the current user"
 CAN_CHOWN = os.geteuid() == 0
 needs_chown = pytest.mark.skipif(not CAN_CHOWN, reason="changing a file's owner needs root; this run is not root")
 
 
-def safe_modes(top: Path) -> None:
-    """Owner-only write on everything under `top` (dirs 0755, files 0644), whatever the umask."""
-    top.chmod(0o755)
-    for dirpath, dirnames, filenames in os.walk(top):
-        for name in dirnames:
-            Path(dirpath, name).chmod(0o755)
-        for name in filenames:
-            path = Path(dirpath, name)
-            if not path.is_symlink():
-                path.chmod(0o644)
-
-
 def standard_root(tmp_path: Path, fake_libs, layout=STANDARD) -> Path:
-    root = make_root(tmp_path / "cann", fake_libs, layout)
-    safe_modes(root)
-    return root
+    return make_root(tmp_path / "cann", fake_libs, layout)
 
 
 def assert_refused(result: dict, root: Path, *fragments: str) -> str:
@@ -187,7 +173,6 @@ def root_with_operator_linked_out(tmp_path: Path, fake_libs, subdir: str):
     """A safe root whose lib64/libopapi.so is a symlink to <tmp_path>/elsewhere/<subdir>/libopapi.so."""
     root = standard_root(tmp_path, fake_libs)
     elsewhere = make_root(tmp_path / "elsewhere", fake_libs, {f"{subdir}/libopapi.so": "opapi"})
-    safe_modes(elsewhere)
     (root / "lib64/libopapi.so").unlink()
     (root / "lib64/libopapi.so").symlink_to(elsewhere / subdir / "libopapi.so")
     return root, elsewhere
@@ -235,7 +220,6 @@ def test_a_writable_directory_holding_a_symlink_is_refused_though_the_target_is_
 def test_an_unsafe_custom_operator_entry_is_refused_naming_it(tmp_path, fake_libs):
     root = standard_root(tmp_path, fake_libs)
     custom = make_root(tmp_path / "custom", fake_libs, {"acme/op_api/lib/libcust_opapi.so": "cust_opapi"})
-    safe_modes(custom)
     custom.chmod(0o777)
     result = discover(tmp_path, ASCEND_HOME_PATH=root, ASCEND_CUSTOM_OPP_PATH=custom)
     assert_refused(result, root, f"refusing to load {custom / 'acme/op_api/lib/libcust_opapi.so'}",
@@ -254,7 +238,6 @@ def test_an_unsafe_vendors_directory_under_ascend_opp_path_is_refused(tmp_path, 
 def test_a_safe_custom_operator_entry_is_checked_from_the_entry_down(tmp_path, fake_libs):
     root = standard_root(tmp_path, fake_libs)
     custom = make_root(tmp_path / "custom", fake_libs, {"acme/op_api/lib/libcust_opapi.so": "cust_opapi"})
-    safe_modes(custom)
     result = discover(tmp_path, ASCEND_HOME_PATH=root, ASCEND_CUSTOM_OPP_PATH=custom)
     info = expect_info(result)
     assert result["markers"]["operator"] == "cust_opapi"
@@ -302,7 +285,6 @@ def test_one_relative_custom_entry_among_absolute_ones_is_refused(tmp_path, fake
 def test_empty_custom_entries_never_mean_the_current_directory(tmp_path, fake_libs):
     root = standard_root(tmp_path, fake_libs)
     cwd_lib = make_root(tmp_path, fake_libs, {"op_api/lib/libcust_opapi.so": "cust_opapi"})
-    safe_modes(cwd_lib / "op_api")
     result = discover(tmp_path, ASCEND_HOME_PATH=root,
                       ASCEND_CUSTOM_OPP_PATH=f"{os.pathsep}{os.pathsep}{tmp_path / 'nothing'}{os.pathsep}")
     info = expect_info(result)
