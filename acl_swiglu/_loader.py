@@ -583,7 +583,7 @@ def _load_root(root: str, dirs: List[str], requested: str, searched: List[str],
         trust=gate.report(),
     )
     _warn_abi_mismatch(info)
-    _releases.warn_on_load(cann_version)
+    _releases.record_install(cann_version)
     return Libraries(runtime, meta, operator, info)
 
 

@@ -112,10 +112,14 @@ def known_issues(version: str) -> str:
 
 _warned = set()
 _warn_lock = threading.Lock()
+_installed_release: Optional[str] = None   # the loaded CANN's version (None: none read, or the emulator)
 
 
-def warn_on_load(version: Optional[str]) -> None:
-    """Warns once per process and release when the installed release is one of AFFECTED_RELEASES."""
+def record_install(version: Optional[str]) -> None:
+    """Called by the loader with the version of the CANN it loaded: remembered for check_call, and
+    a warning once per process and release when it is one of AFFECTED_RELEASES."""
+    global _installed_release
+    _installed_release = version
     if not is_affected(version):
         return
     with _warn_lock:
@@ -123,13 +127,6 @@ def warn_on_load(version: Optional[str]) -> None:
             return
         _warned.add(normalise(version))
     warnings.warn(f"acl_swiglu: {known_issues(version)}", RuntimeWarning, stacklevel=6)
-
-
-def _loaded_version() -> Optional[str]:
-    from . import _loader   # the loader imports this module; the reverse import waits until needed
-
-    libs = _loader.loaded()
-    return libs.info.cann_version if libs is not None else None
 
 
 _UNSET = object()
@@ -142,7 +139,7 @@ def check_call(trunc: int, tokens: int, version=_UNSET) -> None:
     ``version`` defaults to the loaded CANN's (None on the emulator: nothing to check).
     """
     if version is _UNSET:
-        version = _loaded_version()
+        version = _installed_release
     if not is_affected(version):
         return
     limit = min(int(tokens), AIV_CORES_950)
@@ -165,9 +162,7 @@ def host_trunc(group_index, tokens: int) -> int:
 def check_group_index(group_index, tokens: int, version=_UNSET) -> None:
     """check_call for a call whose group_index counts are on the host (revision 1, or the NumPy
     one-shot call); returns at once when there is none or the release is not affected."""
-    if group_index is None:
-        return
     if version is _UNSET:
-        version = _loaded_version()
-    if is_affected(version):
+        version = _installed_release
+    if group_index is not None and version is not None and is_affected(version):
         check_call(host_trunc(group_index, tokens), tokens, version)

@@ -106,17 +106,18 @@ def test_the_loaded_release_is_the_default(monkeypatch):
 
     assert acl_swiglu.backend_info().cann_version is None
     check_call(1, 100)
-    monkeypatch.setattr(_releases, "_loaded_version", lambda: "9.1.0")
+    monkeypatch.setattr(_releases, "_installed_release", "9.1.0")
     with pytest.raises(ReleaseLimitationError):
         check_call(1, 100)
 
 
 def test_warning_once_per_release(monkeypatch):
     monkeypatch.setattr(_releases, "_warned", set())
+    monkeypatch.setattr(_releases, "_installed_release", None)
     with pytest.warns(RuntimeWarning) as caught:
-        _releases.warn_on_load("9.1.0")
-        _releases.warn_on_load("9.1.0")
-        _releases.warn_on_load("9.2.0-beta.1")
+        _releases.record_install("9.1.0")
+        _releases.record_install("9.1.0")
+        _releases.record_install("9.2.0-beta.1")
     texts = [str(w.message) for w in caught]
     assert len(texts) == 2
     assert "CANN 9.1.0" in texts[0] and "weight must also have grad_y's rank" in texts[0]
@@ -125,8 +126,8 @@ def test_warning_once_per_release(monkeypatch):
         assert "hangs the device" in text and "Upgrade to CANN 9.2.0-beta.2 or later" in text
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        _releases.warn_on_load("9.2.0")
-        _releases.warn_on_load(None)
+        _releases.record_install("9.2.0")
+        _releases.record_install(None)
 
 
 # ---- through the loader and the CLI, on fake roots ----
