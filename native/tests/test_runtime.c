@@ -700,12 +700,33 @@ static void test_recent_error_message(void)
     if (m != NULL) CHECK(strcmp(m, saved) == 0);
     const char *m2 = aclGetRecentErrMsg();
     CHECK(m2 != NULL && strstr(m2, "size") != NULL && strstr(m2, "[status 100000]") != NULL);
-    /* The latest failure wins. */
+    /* Unread failures pile up, newest first, one per line; one read takes them all. */
     CHECK_EQ_INT(aclrtSetDevice(9), ACL_ERROR_RT_INVALID_DEVICEID);
     CHECK_EQ_INT(aclrtFree(NULL), ACL_ERROR_INVALID_PARAM);
     const char *m3 = aclGetRecentErrMsg();
     CHECK(m3 != NULL && strncmp(m3, "aclrtFree: ", 11) == 0 &&
-          strstr(m3, "[status 100000]") != NULL);
+          strstr(m3, "[status 100000]\naclrtSetDevice: ") != NULL &&
+          strstr(m3, "[status 107001]") != NULL && strchr(strchr(m3, '\n') + 1, '\n') == NULL);
+    CHECK(aclGetRecentErrMsg() == NULL);
+    /* Only the latest returned text stays valid: the next read reuses its storage. */
+    CHECK_EQ_INT(aclrtSetDevice(8), ACL_ERROR_RT_INVALID_DEVICEID);
+    const char *first = aclGetRecentErrMsg();
+    CHECK(first != NULL && strstr(first, "deviceId 8") != NULL);
+    CHECK_EQ_INT(aclrtSetDevice(7), ACL_ERROR_RT_INVALID_DEVICEID);
+    const char *second = aclGetRecentErrMsg();
+    CHECK(second != NULL && strstr(second, "deviceId 7") != NULL && strstr(second, "deviceId 8") == NULL);
+    /* Many unread failures: the oldest whole lines give way, the newest is always first. */
+    for (int i = 0; i < 200; i++) {
+        CHECK_EQ_INT(aclrtSetDevice(1000 + i), ACL_ERROR_RT_INVALID_DEVICEID);
+    }
+    const char *many = aclGetRecentErrMsg();
+    CHECK(many != NULL && strncmp(many, "aclrtSetDevice: deviceId 1199 ", 30) == 0);
+    if (many != NULL) {
+        size_t len = strlen(many);
+        CHECK(len < 4096 && strstr(many, "deviceId 1000 ") == NULL);
+        CHECK(strcmp(many + len - strlen("[status 107001]"), "[status 107001]") == 0);
+    }
+    CHECK(aclGetRecentErrMsg() == NULL);
 
     /* Per thread: this thread's message is invisible there, and theirs here. */
     CHECK_EQ_INT(aclrtGetDeviceCount(NULL), ACL_ERROR_INVALID_PARAM);
