@@ -50,11 +50,19 @@ int aclEmu_check_tensors_live(const aclEmuOperator *op, const aclTensor *const *
     return rc;
 }
 
-/* A non-empty view's memory must be device memory of the current device, in bounds, from an
- * aligned address. */
+/* Where a view's bytes are: len 0 when it has none (absent, empty, or no address yet). */
+typedef struct {
+    uintptr_t start;
+    size_t len;
+} byte_range;
+
+/* A non-empty view's memory must be device memory of the `current` device, in bounds, from an
+ * aligned address. Fills `range` for the aliasing checks and the pins. */
 static int check_view_memory(const char *api, const char *name, const aclTensor *t,
-                             int address_optional)
+                             int address_optional, int32_t current, byte_range *range)
 {
+    range->start = 0;
+    range->len = 0;
     if (is_empty(t)) {
         return 0;
     }
@@ -71,24 +79,25 @@ static int check_view_memory(const char *api, const char *name, const aclTensor 
                            "tensor's offset instead)",
                            name, t->data, ADDR_ALIGNMENT);
     }
-    uintptr_t start;
-    size_t len;
-    if (aclEmu_view_bytes(t, &start, &len) != 0) {
+    if (aclEmu_view_bytes(t, &range->start, &range->len) != 0) {
         return aclEmu_fail(ACLNN_ERR_PARAM_INVALID, api,
                            "%s's view (offset %lld elements from %p) runs past the end of the "
                            "address space",
                            name, (long long)t->offset, t->data);
     }
     aclEmuRegion region = {0, 0, 0, 0};
-    aclEmuRangeClass cls = aclEmu_mem_classify((const void *)start, len, &region);
+    aclEmuRangeClass cls = aclEmu_mem_classify((const void *)range->start, range->len, &region);
     if (cls == EMU_RANGE_DEVICE) {
-        return aclEmu_require_owner(api, ACLNN_ERR_PARAM_INVALID, name, region.device);
+        return region.device == current
+                   ? 0
+                   : aclEmu_require_owner(api, ACLNN_ERR_PARAM_INVALID, name, region.device);
     }
     if (cls == EMU_RANGE_STRADDLES) {
         return aclEmu_fail(ACLNN_ERR_PARAM_INVALID, api,
                            "%s's view covers %zu bytes from %p, which runs past the end of "
                            "device allocation %p of %zu bytes",
-                           name, len, (void *)start, (void *)region.base, region.size);
+                           name, range->len, (void *)range->start, (void *)region.base,
+                           region.size);
     }
     return aclEmu_fail(ACLNN_ERR_PARAM_INVALID, api,
                        "%s data %p is not device memory (a host pointer, or device memory "
@@ -133,30 +142,22 @@ static int check_no_self_overlap(const char *api, const char *name, const aclTen
     return 0;
 }
 
-/* Both views are non-empty with addresses whose byte ranges fit the address space. */
-static int ranges_overlap(const aclTensor *a, const aclTensor *b)
+static int ranges_overlap(const byte_range *a, const byte_range *b)
 {
-    if (is_empty(a) || is_empty(b) || a->data == NULL || b->data == NULL) {
-        return 0;
-    }
-    uintptr_t sa, sb;
-    size_t la, lb;
-    if (aclEmu_view_bytes(a, &sa, &la) != 0 || aclEmu_view_bytes(b, &sb, &lb) != 0) {
-        return 0;
-    }
-    return sa < sb + lb && sb < sa + la;
+    return a->len > 0 && b->len > 0 && a->start < b->start + b->len &&
+           b->start < a->start + a->len;
 }
 
 /* Outputs may not overlap each other or an input: the device writes tiles in parallel. */
 static int check_aliasing(const aclEmuOperator *op, const char *api,
-                          const aclTensor *const *inputs, size_t input_count,
-                          const aclTensor *const *outputs, size_t output_count)
+                          const aclTensor *const *outputs, const byte_range *in_ranges,
+                          size_t input_count, const byte_range *out_ranges, size_t output_count)
 {
     for (size_t o = 0; o < output_count; o++) {
         int rc = check_no_self_overlap(api, op->output_names[o], outputs[o]);
         if (rc != 0) return rc;
         for (size_t i = 0; i < input_count; i++) {
-            if (ranges_overlap(outputs[o], inputs[i])) {
+            if (ranges_overlap(&out_ranges[o], &in_ranges[i])) {
                 return aclEmu_fail(ACLNN_ERR_PARAM_INVALID, api,
                                    "%s overlaps %s in device memory; the operator does not "
                                    "work in place",
@@ -164,7 +165,7 @@ static int check_aliasing(const aclEmuOperator *op, const char *api,
             }
         }
         for (size_t other = o + 1; other < output_count; other++) {
-            if (ranges_overlap(outputs[o], outputs[other])) {
+            if (ranges_overlap(&out_ranges[o], &out_ranges[other])) {
                 return aclEmu_fail(ACLNN_ERR_PARAM_INVALID, api,
                                    "%s and %s overlap in device memory", op->output_names[o],
                                    op->output_names[other]);
@@ -174,22 +175,35 @@ static int check_aliasing(const aclEmuOperator *op, const char *api,
     return 0;
 }
 
+/* The memory checks of both phases; fills each tensor's byte range. */
+static int check_memory(const aclEmuOperator *op, const char *api, const aclTensor *const *inputs,
+                        size_t input_count, const aclTensor *const *outputs, size_t output_count,
+                        int address_optional, byte_range *in_ranges, byte_range *out_ranges)
+{
+    int32_t current = aclEmu_current_device();
+    int rc = 0;
+    for (size_t i = 0; i < input_count && rc == 0; i++) {
+        rc = check_view_memory(api, op->input_names[i], inputs[i], address_optional, current,
+                               &in_ranges[i]);
+    }
+    for (size_t o = 0; o < output_count && rc == 0; o++) {
+        rc = check_view_memory(api, op->output_names[o], outputs[o], address_optional, current,
+                               &out_ranges[o]);
+    }
+    if (rc == 0) {
+        rc = check_aliasing(op, api, outputs, in_ranges, input_count, out_ranges, output_count);
+    }
+    return rc;
+}
+
 int aclEmu_check_launch_memory(const aclEmuOperator *op, const char *api,
                                const aclTensor *const *inputs, size_t input_count,
                                const aclTensor *const *outputs, size_t output_count,
                                int address_optional)
 {
-    int rc = 0;
-    for (size_t i = 0; i < input_count && rc == 0; i++) {
-        rc = check_view_memory(api, op->input_names[i], inputs[i], address_optional);
-    }
-    for (size_t o = 0; o < output_count && rc == 0; o++) {
-        rc = check_view_memory(api, op->output_names[o], outputs[o], address_optional);
-    }
-    if (rc == 0) {
-        rc = check_aliasing(op, api, inputs, input_count, outputs, output_count);
-    }
-    return rc;
+    byte_range in_ranges[EMU_EXECUTOR_MAX_SLOTS], out_ranges[EMU_EXECUTOR_MAX_SLOTS];
+    return check_memory(op, api, inputs, input_count, outputs, output_count, address_optional,
+                        in_ranges, out_ranges);
 }
 
 /* ---- phase 2 ---- */
@@ -209,6 +223,7 @@ typedef struct {
     void *workspace;
     uint64_t workspace_size;
     uint64_t launch_number;
+    uint32_t unread_inputs;
     void *op_data;
 } launch_task;
 
@@ -267,14 +282,6 @@ static void pin_range(launch_task *k, const char *name, const void *start, size_
     k->range_count++;
 }
 
-static void pin_view(launch_task *k, const char *name, const aclTensor *t)
-{
-    uintptr_t start;
-    size_t len;
-    if (!is_empty(t) && aclEmu_view_bytes(t, &start, &len) == 0) {
-        pin_range(k, name, (const void *)start, len);
-    }
-}
 
 /* Takes what the executor holds into a new task (a single-use executor is used up by this,
  * whatever happens next). NULL with *rc set when the executor cannot be used. */
@@ -296,11 +303,15 @@ static launch_task *take_executor(const aclEmuOperator *op, aclOpExecutor *execu
         *rc = aclEmu_fail(ACLNN_ERR_PARAM_INVALID, api, "executor was made for operator %s, not %s",
                           executor->op->name, op->name);
     } else {
-        k = calloc(1, sizeof *k);
+        /* Not zeroed: only the views in use are copied (a whole task is several KiB). */
+        k = malloc(sizeof *k);
         void *data = k != NULL ? malloc(executor->op_data_size ? executor->op_data_size : 1) : NULL;
         int32_t owner = executor->device;
         if (data != NULL) {
             memcpy(data, executor->op_data, executor->op_data_size);
+            k->task.next = NULL;
+            k->range_count = 0;
+            k->workspace = NULL;
             k->op = op;
             k->op_data = data;
             k->launch.op_data = data;
@@ -315,11 +326,7 @@ static launch_task *take_executor(const aclEmuOperator *op, aclOpExecutor *execu
                 k->launch.outputs[o] = executor->outputs[o].handle ? &k->output_views[o] : NULL;
             }
             k->workspace_size = executor->workspace_size;
-            for (size_t i = 0; i < executor->input_count; i++) {
-                if (!(executor->unread_inputs & (1u << i))) {
-                    pin_view(k, op->input_names[i], k->launch.inputs[i]);
-                }
-            }
+            k->unread_inputs = executor->unread_inputs;
         } else {
             free(k);
             k = NULL;
@@ -329,7 +336,8 @@ static launch_task *take_executor(const aclEmuOperator *op, aclOpExecutor *execu
             aclEmu_executor_free_locked(executor, "consumed by a launch");
         }
         *rc = k == NULL ? aclEmu_fail(ACLNN_ERR_INNER, api, "out of host memory") : 0;
-        if (*rc == 0 && aclEmu_current_device() >= 0) {
+        int32_t current = aclEmu_current_device();
+        if (*rc == 0 && current >= 0 && owner != current) {
             *rc = aclEmu_require_owner(api, ACLNN_ERR_PARAM_INVALID, "executor", owner);
         }
     }
@@ -365,7 +373,9 @@ static int check_workspace(const char *api, void *workspace, uint64_t workspace_
                            "workspace must be %llu bytes of device memory; it is %s",
                            (unsigned long long)required, where);
     }
-    return aclEmu_require_owner(api, ACLNN_ERR_PARAM_INVALID, "workspace", region.device);
+    return region.device == aclEmu_current_device()
+               ? 0
+               : aclEmu_require_owner(api, ACLNN_ERR_PARAM_INVALID, "workspace", region.device);
 }
 
 aclnnStatus aclEmu_launch(const aclEmuOperator *op, void *workspace, uint64_t workspace_size,
@@ -376,9 +386,10 @@ aclnnStatus aclEmu_launch(const aclEmuOperator *op, void *workspace, uint64_t wo
     launch_task *k = take_executor(op, executor, &rc);
     if (rc == 0) rc = aclEmu_fault(api);
     if (rc == 0) rc = aclEmu_require_device(api);
+    byte_range in_ranges[EMU_EXECUTOR_MAX_SLOTS], out_ranges[EMU_EXECUTOR_MAX_SLOTS];
     if (rc == 0) {
-        rc = aclEmu_check_launch_memory(op, api, k->launch.inputs, k->launch.input_count,
-                                        k->launch.outputs, k->launch.output_count, 0);
+        rc = check_memory(op, api, k->launch.inputs, k->launch.input_count, k->launch.outputs,
+                          k->launch.output_count, 0, in_ranges, out_ranges);
     }
     if (rc == 0) rc = check_workspace(api, workspace, workspace_size, k->workspace_size);
     /* aclnn reports a bad stream as a bad parameter. */
@@ -390,15 +401,23 @@ aclnnStatus aclEmu_launch(const aclEmuOperator *op, void *workspace, uint64_t wo
     }
     int writes = 0;
     for (size_t o = 0; o < k->launch.output_count; o++) {
-        writes |= !is_empty(k->launch.outputs[o]);
+        writes |= out_ranges[o].len > 0;
     }
     if (!writes) {
         aclEmu_stream_unref(resolved);
         release_launch(&k->task);
         return ACLNN_SUCCESS;
     }
+    for (size_t i = 0; i < k->launch.input_count; i++) {
+        if (in_ranges[i].len > 0 && !(k->unread_inputs & (1u << i))) {
+            pin_range(k, op->input_names[i], (const void *)in_ranges[i].start, in_ranges[i].len);
+        }
+    }
     for (size_t o = 0; o < k->launch.output_count; o++) {
-        pin_view(k, op->output_names[o], k->launch.outputs[o]);
+        if (out_ranges[o].len > 0) {
+            pin_range(k, op->output_names[o], (const void *)out_ranges[o].start,
+                      out_ranges[o].len);
+        }
     }
     if (k->workspace_size > 0) {
         pin_range(k, "workspace", workspace, (size_t)k->workspace_size);
