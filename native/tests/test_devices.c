@@ -176,16 +176,13 @@ int main(void)
     unsetenv("ACL_EMU_ABI");
     setenv("ACL_EMU_DEVICES", "3", 1);
     CHECK_EQ_INT(aclInit(NULL), ACL_SUCCESS);
-    int64_t start[ACL_EMU_KIND_COUNT];
-    for (int k = 0; k < ACL_EMU_KIND_COUNT; k++) start[k] = aclEmuLiveCount((aclEmuHandleKind)k);
+    live_counts start = live_counts_now();
     test_get_device();
     test_runtime_resources();
     test_synchronize_device_is_per_device();
     test_operator_across_devices();
     test_threads_share_a_device();
-    for (int k = 0; k < ACL_EMU_KIND_COUNT; k++) {
-        CHECK_EQ_INT(aclEmuLiveCount((aclEmuHandleKind)k), start[k]);
-    }
+    check_live_counts(&start);
     CHECK_EQ_INT(aclFinalize(), ACL_SUCCESS);
     /* Default: one device. */
     unsetenv("ACL_EMU_DEVICES");

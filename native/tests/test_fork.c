@@ -179,13 +179,10 @@ int main(void)
     CHECK_EQ_INT(aclInit(NULL), ACL_SUCCESS);
     CHECK_EQ_INT(aclrtSetDevice(0), ACL_SUCCESS);
     CHECK_EQ_INT(aclEmuSetThreads(2), ACL_SUCCESS);
-    int64_t start[ACL_EMU_KIND_COUNT];
-    for (int k = 0; k < ACL_EMU_KIND_COUNT; k++) start[k] = aclEmuLiveCount((aclEmuHandleKind)k);
+    live_counts start = live_counts_now();
     test_fork_while_draining();
     test_fork_while_busy();
-    for (int k = 0; k < ACL_EMU_KIND_COUNT; k++) {
-        CHECK_EQ_INT(aclEmuLiveCount((aclEmuHandleKind)k), start[k]);
-    }
+    check_live_counts(&start);
     CHECK_EQ_INT(aclrtResetDevice(0), ACL_SUCCESS);
     CHECK_EQ_INT(aclFinalize(), ACL_SUCCESS);
     return emu_test_finish("test_fork");

@@ -187,16 +187,13 @@ int main(void)
     CHECK_EQ_INT(aclInit(NULL), ACL_SUCCESS);
     CHECK_EQ_INT(aclrtSetDevice(0), ACL_SUCCESS);
     CHECK_EQ_INT(aclrtCreateStream(&g_stream), ACL_SUCCESS);
-    int64_t start[ACL_EMU_KIND_COUNT];
-    for (int k = 0; k < ACL_EMU_KIND_COUNT; k++) start[k] = aclEmuLiveCount((aclEmuHandleKind)k);
+    live_counts start = live_counts_now();
     test_extent_overflow_at_create();
     test_wrapping_addresses();
     test_self_overlap_with_huge_strides();
     test_dead_handles_everywhere();
     test_empty_grad_weight_without_weight();
-    for (int k = 0; k < ACL_EMU_KIND_COUNT; k++) {
-        CHECK_EQ_INT(aclEmuLiveCount((aclEmuHandleKind)k), start[k]);
-    }
+    check_live_counts(&start);
     CHECK_EQ_INT(aclrtDestroyStream(g_stream), ACL_SUCCESS);
     CHECK_EQ_INT(aclrtResetDevice(0), ACL_SUCCESS);
     CHECK_EQ_INT(aclFinalize(), ACL_SUCCESS);

@@ -759,8 +759,7 @@ int main(void)
     CHECK_EQ_INT(aclInit(NULL), ACL_SUCCESS);
     CHECK_EQ_INT(aclrtSetDevice(0), ACL_SUCCESS);
     CHECK_EQ_INT(aclrtCreateStream(&g_stream), ACL_SUCCESS);
-    int64_t start[ACL_EMU_KIND_COUNT];
-    for (int k = 0; k < ACL_EMU_KIND_COUNT; k++) start[k] = aclEmuLiveCount((aclEmuHandleKind)k);
+    live_counts start = live_counts_now();
     test_correct_run();
     test_host_pointers_rejected();
     test_view_past_allocation();
@@ -778,9 +777,7 @@ int main(void)
     test_thread_without_device();
     test_group_index_read_at_run_revision2();
     test_group_index_read_at_phase1_revision1();
-    for (int k = 0; k < ACL_EMU_KIND_COUNT; k++) {
-        CHECK_EQ_INT(aclEmuLiveCount((aclEmuHandleKind)k), start[k]);
-    }
+    check_live_counts(&start);
     CHECK_EQ_INT(aclrtDestroyStream(g_stream), ACL_SUCCESS);
     test_launch_after_finalize();
     return emu_test_finish("test_strict");

@@ -131,15 +131,22 @@ EMU_EXPORT aclError aclrtResetDevice(int32_t deviceId)
     return rc;
 }
 
+/* What every getter checks first: the fault plan, aclInit, and where to put the answer. */
+static int start_getter(const char *api, const void *out, const char *out_name)
+{
+    int rc = aclEmu_fault(api);
+    if (rc == 0) rc = aclEmu_require_init(api);
+    if (rc == 0 && out == NULL) {
+        rc = aclEmu_fail(ACL_ERROR_INVALID_PARAM, api, "%s is NULL", out_name);
+    }
+    return rc;
+}
+
 EMU_EXPORT aclError aclrtGetDevice(int32_t *deviceId)
 {
     static const char api[] = "aclrtGetDevice";
-    int rc = aclEmu_fault(api);
-    if (rc == 0) rc = aclEmu_require_init(api);
+    int rc = start_getter(api, deviceId, "deviceId");
     if (rc != 0) return rc;
-    if (deviceId == NULL) {
-        return aclEmu_fail(ACL_ERROR_INVALID_PARAM, api, "deviceId is NULL");
-    }
     int32_t current = aclEmu_current_device();
     if (current < 0) {
         return no_device(api);
@@ -151,12 +158,8 @@ EMU_EXPORT aclError aclrtGetDevice(int32_t *deviceId)
 EMU_EXPORT aclError aclrtGetDeviceCount(uint32_t *count)
 {
     static const char api[] = "aclrtGetDeviceCount";
-    int rc = aclEmu_fault(api);
-    if (rc == 0) rc = aclEmu_require_init(api);
+    int rc = start_getter(api, count, "count");
     if (rc != 0) return rc;
-    if (count == NULL) {
-        return aclEmu_fail(ACL_ERROR_INVALID_PARAM, api, "count is NULL");
-    }
     *count = aclEmu_device_count();
     return ACL_SUCCESS;
 }
