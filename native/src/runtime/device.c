@@ -94,41 +94,47 @@ static int check_device_id(const char *api, int32_t deviceId)
     return 0;
 }
 
-EMU_EXPORT aclError aclrtSetDevice(int32_t deviceId)
+/* With the lock held and the id checked: make it the calling thread's device. */
+static void bind_device(int32_t deviceId)
 {
-    static const char api[] = "aclrtSetDevice";
+    device_refs[deviceId]++;
+    tls_device = deviceId;
+    tls_device_generation = init_generation;
+}
+
+static void release_device(int32_t deviceId)
+{
+    if (device_refs[deviceId] > 0) {
+        device_refs[deviceId]--;
+    }
+    if (tls_device == deviceId) {
+        tls_device = -1;
+    }
+}
+
+/* aclrtSetDevice and aclrtResetDevice: the checks, then `change` under the lock. */
+static int change_device(const char *api, int32_t deviceId, void (*change)(int32_t))
+{
     int rc = aclEmu_fault(api);
     if (rc == 0) rc = aclEmu_require_init(api);
     if (rc != 0) return rc;
     pthread_mutex_lock(&device_lock);
     rc = check_device_id(api, deviceId);
     if (rc == 0) {
-        device_refs[deviceId]++;
-        tls_device = deviceId;
-        tls_device_generation = init_generation;
+        change(deviceId);
     }
     pthread_mutex_unlock(&device_lock);
     return rc;
 }
 
+EMU_EXPORT aclError aclrtSetDevice(int32_t deviceId)
+{
+    return change_device("aclrtSetDevice", deviceId, bind_device);
+}
+
 EMU_EXPORT aclError aclrtResetDevice(int32_t deviceId)
 {
-    static const char api[] = "aclrtResetDevice";
-    int rc = aclEmu_fault(api);
-    if (rc == 0) rc = aclEmu_require_init(api);
-    if (rc != 0) return rc;
-    pthread_mutex_lock(&device_lock);
-    rc = check_device_id(api, deviceId);
-    if (rc == 0) {
-        if (device_refs[deviceId] > 0) {
-            device_refs[deviceId]--;
-        }
-        if (tls_device == deviceId) {
-            tls_device = -1;
-        }
-    }
-    pthread_mutex_unlock(&device_lock);
-    return rc;
+    return change_device("aclrtResetDevice", deviceId, release_device);
 }
 
 /* What every getter checks first: the fault plan, aclInit, and where to put the answer. */
