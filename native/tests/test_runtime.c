@@ -323,6 +323,40 @@ static void test_fresh_memory_and_alignment(void)
     stop();
 }
 
+/* Freed memory handed out again (large blocks are cached for reuse) never shows the previous
+ * owner's bytes, nor zeros: it is filled afresh, whatever its size. */
+static void test_reused_memory_is_filled_again(void)
+{
+    start();
+    static const size_t sizes[] = {4096, (size_t)2 << 20, ((size_t)3 << 20) + 100, (size_t)9 << 20};
+    const size_t largest = (size_t)9 << 20;
+    unsigned char *host = malloc(largest);
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        for (int round = 0; round < 3; round++) {
+            void *d = dev_alloc(sizes[i]);
+            CHECK_EQ_INT((uintptr_t)d % 64, 0);
+            memset(host, 0, sizes[i]);
+            download(host, d, sizes[i]);
+            CHECK(all_bytes(host, sizes[i], 0xFF));
+            /* Leave the caller's data (and zeros) behind for whoever gets the block next. */
+            memset(host, round == 0 ? 0x00 : 0x3C, sizes[i]);
+            upload(d, host, sizes[i]);
+            CHECK_EQ_INT(aclrtFree(d), ACL_SUCCESS);
+        }
+    }
+    /* A smaller request may be served by a larger cached block: only its own bytes count. */
+    void *big = dev_alloc((size_t)8 << 20);
+    CHECK_EQ_INT(aclrtFree(big), ACL_SUCCESS);
+    void *d = dev_alloc(((size_t)7 << 20) + 1);
+    download(host, d, ((size_t)7 << 20) + 1);
+    CHECK(all_bytes(host, ((size_t)7 << 20) + 1, 0xFF));
+    CHECK_FAILS(aclrtMemset(d, (size_t)8 << 20, 0, (size_t)8 << 20), ACL_ERROR_INVALID_PARAM,
+                "aclrtMemset", "one device allocation");
+    CHECK_EQ_INT(aclrtFree(d), ACL_SUCCESS);
+    free(host);
+    stop();
+}
+
 static void test_free_errors(void)
 {
     start();
@@ -1070,6 +1104,7 @@ int main(int argc, char **argv)
     test_malloc_errors();
     test_malloc_capacity();
     test_fresh_memory_and_alignment();
+    test_reused_memory_is_filled_again();
     test_free_errors();
     test_memcpy_kinds();
     test_memcpy_default_kind();

@@ -7,6 +7,7 @@
  */
 #include <pthread.h>
 
+#include "runtime/blocks.h"
 #include "runtime/device.h"
 #include "runtime/fault.h"
 #include "runtime/memory.h"
@@ -20,10 +21,12 @@ static void before_fork(void)
     aclEmu_mem_lock_for_fork();
     aclEmu_registry_lock_for_fork();
     aclEmu_fault_lock_for_fork();
+    aclEmu_blocks_lock_for_fork();
 }
 
 static void after_fork_in_parent(void)
 {
+    aclEmu_blocks_unlock_after_fork();
     aclEmu_fault_unlock_after_fork();
     aclEmu_registry_unlock_after_fork();
     aclEmu_mem_unlock_after_fork();
@@ -33,6 +36,7 @@ static void after_fork_in_parent(void)
 
 static void after_fork_in_child(void)
 {
+    aclEmu_blocks_unlock_after_fork();
     aclEmu_fault_unlock_after_fork();
     aclEmu_registry_unlock_after_fork();
     aclEmu_mem_reset_in_child();

@@ -10,10 +10,10 @@
 #include <string.h>
 
 #include "common/emu_internal.h"
+#include "runtime/blocks.h"
 #include "runtime/memory.h"
 
-/* Device allocations are 32-byte aligned on Ascend; use 64 so vector loads never split lines. */
-#define DEVICE_ALIGNMENT 64
+#define DEVICE_ALIGNMENT 64   /* what blocks.c guarantees */
 /* Fresh device memory is not zeroed on a real device: fill it so nothing can depend on it. */
 #define FRESH_MEMORY_BYTE 0xFF
 
@@ -22,6 +22,7 @@ typedef struct {
     size_t size;        /* as requested */
     uint32_t pins;      /* work in progress reading or writing it */
     int32_t device;     /* current when it was allocated */
+    size_t mapped;      /* for aclEmu_block_put */
 } allocation;
 
 static pthread_mutex_t memory_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -156,7 +157,7 @@ void aclEmu_mem_unpin(const void *const *ptrs, size_t n)
     pthread_mutex_unlock(&memory_lock);
 }
 
-static int record_allocation(uintptr_t base, size_t size, int32_t device)
+static int record_allocation(uintptr_t base, size_t size, int32_t device, size_t mapped)
 {
     if (allocation_count == allocation_capacity) {
         size_t capacity = allocation_capacity ? allocation_capacity * 2 : 64;
@@ -170,7 +171,7 @@ static int record_allocation(uintptr_t base, size_t size, int32_t device)
     ptrdiff_t below = find_floor(base);
     size_t at = (size_t)(below + 1);
     memmove(&allocations[at + 1], &allocations[at], (allocation_count - at) * sizeof *allocations);
-    allocations[at] = (allocation){base, size, 0, device};
+    allocations[at] = (allocation){base, size, 0, device, mapped};
     allocation_count++;
     bytes_in_use += size;
     return 0;
@@ -206,18 +207,17 @@ EMU_EXPORT aclError aclrtMalloc(void **devPtr, size_t size, aclrtMemMallocPolicy
                            " bytes with %" PRIu64 " in use (set ACL_EMU_DEVICE_MEMORY to change)",
                            size, capacity, in_use);
     }
-    size_t rounded = (size + DEVICE_ALIGNMENT - 1) / DEVICE_ALIGNMENT * DEVICE_ALIGNMENT;
-    void *block = aligned_alloc(DEVICE_ALIGNMENT, rounded);
+    size_t mapped = 0;
+    void *block = aclEmu_block_get(size, FRESH_MEMORY_BYTE, &mapped);
     if (block == NULL) {
         return aclEmu_fail(ACL_ERROR_RT_MEMORY_ALLOCATION, api,
                            "cannot allocate %zu bytes: the host is out of memory", size);
     }
-    memset(block, FRESH_MEMORY_BYTE, rounded);
     pthread_mutex_lock(&memory_lock);
-    rc = record_allocation((uintptr_t)block, size, aclEmu_current_device());
+    rc = record_allocation((uintptr_t)block, size, aclEmu_current_device(), mapped);
     pthread_mutex_unlock(&memory_lock);
     if (rc != 0) {
-        free(block);
+        aclEmu_block_put(block, mapped);
         return aclEmu_fail(ACL_ERROR_RT_MEMORY_ALLOCATION, api,
                            "out of host memory recording the allocation");
     }
@@ -263,12 +263,13 @@ EMU_EXPORT aclError aclrtFree(void *devPtr)
         pthread_cond_wait(&unpinned, &memory_lock);
     }
     bytes_in_use -= allocations[at].size;
+    size_t mapped = allocations[at].mapped;
     memmove(&allocations[at], &allocations[at + 1],
             (allocation_count - (size_t)at - 1) * sizeof *allocations);
     allocation_count--;
     aclEmu_handle_remove(ACL_EMU_KIND_ALLOCATION, devPtr, "freed");
     pthread_mutex_unlock(&memory_lock);
-    free(devPtr);
+    aclEmu_block_put(devPtr, mapped);
     return ACL_SUCCESS;
 }
 
@@ -283,7 +284,7 @@ void aclEmu_mem_release_all(void)
     for (size_t i = 0; i < allocation_count; i++) {
         aclEmu_handle_remove(ACL_EMU_KIND_ALLOCATION, (void *)allocations[i].base,
                              "freed by aclFinalize");
-        free((void *)allocations[i].base);
+        aclEmu_block_put((void *)allocations[i].base, allocations[i].mapped);
     }
     allocation_count = 0;
     bytes_in_use = 0;
@@ -292,6 +293,7 @@ void aclEmu_mem_release_all(void)
     allocations = NULL;
     allocation_capacity = 0;
     pthread_mutex_unlock(&memory_lock);
+    aclEmu_blocks_release_cached();
 }
 
 void aclEmu_mem_report(FILE *out)
