@@ -602,8 +602,7 @@ def test_c_api_clamp_zero_rev2_is_a_tiling_error(monkeypatch):
 @pytest.mark.emulator_only
 @pytest.mark.parametrize("abi,clamp,workspace", [pytest.param(2, -1.0, 16384, id="rev2-off"),
                                                  pytest.param(2, 0.5, 16384, id="rev2-on"),
-                                                 pytest.param(1, 0.0, 16384, id="rev1-off"),
-                                                 pytest.param(1, 1e-50, 16384, id="rev1-tiny")], indirect=["abi"])
+                                                 pytest.param(1, 0.0, 16384, id="rev1-off")], indirect=["abi"])
 def test_c_api_phase1_accepts_the_off_values(abi, clamp, workspace):
     api = _c_api()
     with CTensors(api) as t:
@@ -612,6 +611,20 @@ def test_c_api_phase1_accepts_the_off_values(abi, clamp, workspace):
                                             a["gw"])
         assert status == 0, message
         assert size == workspace
+
+
+@pytest.mark.emulator_only
+@pytest.mark.parametrize("abi", [1, 2], indirect=True)
+def test_c_api_phase1_refuses_a_clamp_that_vanishes_in_fp32(abi):
+    """One clamp rule: a limit that is on must be > 0 in fp32, so a positive double that rounds to
+    0 is refused (it is neither "off" nor a limit)."""
+    api = _c_api()
+    with CTensors(api) as t:
+        a = _std(t, abi, weight=True, group=True)
+        status, message, _ = _phase1_raw(api, abi, a["gy"], a["x"], a["w"], a["yo"], a["group"], 1e-50, a["gx"],
+                                         a["gw"])
+        assert status == 561002
+        assert "clampLimit" in message and "in fp32" in message
 
 
 @pytest.mark.emulator_only

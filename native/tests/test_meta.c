@@ -444,11 +444,19 @@ static void test_set_tensor_addr_updates_handle(void)
                                                            NULL, &ws, &ex2),
                  ACLNN_SUCCESS);
     CHECK_EQ_INT(aclDestroyAclOpExecutor(ex2), ACLNN_SUCCESS);
-    /* A repeatable executor outlives its tensor handles; setting an address still works. */
-    aclTensor *gy = p.gy;
+    /* A dead handle is refused everywhere: once the tensor is destroyed its slot cannot be
+     * refreshed, in either direction. */
+    aclTensor *gy = p.gy, *gx = p.gx;
     CHECK_EQ_INT(aclDestroyTensor(gy), ACLNN_SUCCESS);
-    CHECK_EQ_INT(aclSetInputTensorAddr(p.ex, 0, gy, d), ACLNN_SUCCESS);
+    CHECK_EQ_INT(aclDestroyTensor(gx), ACLNN_SUCCESS);
+    CHECK_FAILS(aclSetInputTensorAddr(p.ex, 0, gy, d), ACLNN_ERR_PARAM_INVALID,
+                "aclSetInputTensorAddr", "tensor", "already destroyed");
+    CHECK_FAILS(aclSetOutputTensorAddr(p.ex, 0, gx, d), ACLNN_ERR_PARAM_INVALID,
+                "aclSetOutputTensorAddr", "tensor", "already destroyed");
+    CHECK_FAILS(aclSetRawTensorAddr(gy, d), ACLNN_ERR_PARAM_INVALID, "aclSetRawTensorAddr",
+                "already destroyed");
     p.gy = contiguous((int64_t[]){1}, 1, ACL_FLOAT, NULL);
+    p.gx = contiguous((int64_t[]){1}, 1, ACL_FLOAT, NULL);
     free_problem(&p);
     CHECK_EQ_INT(aclrtFree(d), ACL_SUCCESS);
 }

@@ -239,13 +239,23 @@ static void test_group_index_kind_per_revision(void)
 static void test_abi_selection(void)
 {
     op_args a = full_args(ACL_FLOAT);
-    static const char *const bad[] = {"3", "0", "abc", "12", "2 "};
+    static const char *const bad[] = {"3", "0", "abc", "12", "2 2", "+2", "02", "\xc2\xa0" "2"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         use_abi(bad[i]);
-        CHECK_FAILS(phase1(a), ACLNN_ERR_PARAM_INVALID, PHASE1, "ACL_SWIGLU_ABI");
+        CHECK_FAILS(phase1(a), ACLNN_ERR_PARAM_INVALID, PHASE1, "ACL_SWIGLU_ABI=\"", bad[i]);
     }
+    /* ASCII whitespace around the value does not count; nothing left means unset (2). */
+    static const char *const two[] = {"2 ", " 2", "\t2\n", "\v\f2\r", "", "  "};
+    for (size_t i = 0; i < sizeof two / sizeof two[0]; i++) {
+        use_abi(two[i]);
+        ACCEPTS(a);
+        CHECK_EQ_INT(aclEmuAbiRevision(), 2);
+    }
+    use_abi(" 1\n");
+    CHECK_EQ_INT(aclEmuAbiRevision(), 1);
     use_abi("3");
-    /* Read at every call: fixing the variable fixes the next call. */
+    CHECK_EQ_INT(aclEmuAbiRevision(), 0);
+    /* The environment is watched: fixing the variable fixes the next call. */
     use_abi("2");
     ACCEPTS(a);
     use_abi("");
@@ -454,6 +464,22 @@ static void test_optional_combinations(void)
     a.w = NULL;
     CHECK_FAILS(phase1(a), ACLNN_ERR_INNER_TILING_ERROR,
                 PHASE1 "gradWeightOutOptional is given without weightOptional");
+    /* Without weight, an empty fp32 gradWeight (as torch_npu passes; NULL data) is accepted. */
+    static const int64_t empty_shapes[][2] = {{0, 0}, {0, 1}, {4, 0}};
+    for (size_t i = 0; i < 3; i++) {
+        a = good;
+        a.w = NULL;
+        a.gw = mk(ACL_FLOAT, 2, empty_shapes[i]);
+        ACCEPTS(a);
+    }
+    a.gw = mk(ACL_FLOAT, DIMS(0));
+    ACCEPTS(a);
+    a.gw = mk(ACL_FLOAT16, DIMS(0));
+    CHECK_FAILS(phase1(a), ACLNN_ERR_PARAM_INVALID, PHASE1 "gradWeightOutOptional has dtype");
+    a.gw = mk(ACL_FLOAT, DIMS(1));
+    CHECK_FAILS(phase1(a), ACLNN_ERR_INNER_TILING_ERROR,
+                PHASE1 "gradWeightOutOptional is given without weightOptional", "[1]",
+                "must be empty");
     /* yOrigin without weight is accepted (and unused). */
     a = good;
     a.w = NULL;
@@ -566,6 +592,20 @@ static void test_clamp_limit_revision2(void)
     CHECK_FAILS(phase1(a), ACLNN_ERR_INNER_TILING_ERROR, PHASE1 "clampLimit");
     a.clamp = -NAN;
     CHECK_FAILS(phase1(a), ACLNN_ERR_INNER_TILING_ERROR, PHASE1 "clampLimit");
+    /* "Off" is compared in fp32: doubles that round to -1.0f are off. */
+    static const double off[] = {-1.00000001, -0.99999999, -1.0 - 0x1p-25};
+    for (size_t i = 0; i < sizeof off / sizeof off[0]; i++) {
+        a.clamp = off[i];
+        ACCEPTS(a);
+    }
+    /* A limit that is on must be > 0 in fp32: positive doubles that round to 0 are refused. */
+    static const double vanish[] = {1e-50, 0x1p-150, 4.9e-324};
+    for (size_t i = 0; i < sizeof vanish / sizeof vanish[0]; i++) {
+        a.clamp = vanish[i];
+        CHECK_FAILS(phase1(a), ACLNN_ERR_INNER_TILING_ERROR, PHASE1 "clampLimit", "in fp32");
+    }
+    a.clamp = 0x1p-149;   /* the smallest fp32 subnormal: on */
+    ACCEPTS(a);
     /* clampLimit is checked after the shapes. */
     a.clamp = 0.0;
     a.gx = mk(ACL_FLOAT, DIMS(4, 8));
@@ -590,7 +630,38 @@ static void test_clamp_limit_revision1(void)
     }
     a.clamp = NAN;
     CHECK_FAILS(phase1(a), ACLNN_ERR_INNER_TILING_ERROR, PHASE1 "clampLimit");
+    /* The same fp32 rule for a limit that is on. */
+    a.clamp = 1e-50;
+    CHECK_FAILS(phase1(a), ACLNN_ERR_INNER_TILING_ERROR, PHASE1 "clampLimit", "in fp32");
     use_abi(NULL);
+    destroy_made();
+}
+
+/* ACL_EMU_ABI sets the emulator's revision apart from the binding's ACL_SWIGLU_ABI, with the
+ * same reading rule; unset (or blank) it follows ACL_SWIGLU_ABI. */
+static void test_emulator_abi_variable(void)
+{
+    op_args a = full_args(ACL_FLOAT);
+    use_abi("1");
+    setenv("ACL_EMU_ABI", " 2\t", 1);
+    CHECK_EQ_INT(aclEmuAbiRevision(), 2);
+    ACCEPTS(a);   /* revision 2: a groupIndex tensor */
+    setenv("ACL_EMU_ABI", "1", 1);
+    use_abi("2");
+    CHECK_EQ_INT(aclEmuAbiRevision(), 1);
+    CHECK_FAILS(phase1(a), ACLNN_ERR_PARAM_INVALID, PHASE1 "groupIndexOptional: ",
+                "ABI revision 1 takes an aclIntArray");
+    setenv("ACL_EMU_ABI", "two", 1);
+    CHECK_FAILS(phase1(a), ACLNN_ERR_PARAM_INVALID, PHASE1 "ACL_EMU_ABI=\"two\"");
+    use_abi("junk");   /* the binding's variable does not matter while ACL_EMU_ABI decides */
+    setenv("ACL_EMU_ABI", "2", 1);
+    ACCEPTS(a);
+    setenv("ACL_EMU_ABI", " \n", 1);   /* blank: unset, so ACL_SWIGLU_ABI decides again */
+    CHECK_FAILS(phase1(a), ACLNN_ERR_PARAM_INVALID, PHASE1 "ACL_SWIGLU_ABI=\"junk\"");
+    use_abi(NULL);
+    ACCEPTS(a);
+    unsetenv("ACL_EMU_ABI");
+    CHECK_EQ_INT(aclEmuAbiRevision(), 2);
     destroy_made();
 }
 
@@ -666,12 +737,14 @@ int main(void)
     CHECK_EQ_INT(aclInit(NULL), ACL_SUCCESS);
     CHECK_EQ_INT(aclrtSetDevice(0), ACL_SUCCESS);
     use_abi(NULL);
+    unsetenv("ACL_EMU_ABI");
     int64_t start[ACL_EMU_KIND_COUNT];
     for (int k = 0; k < ACL_EMU_KIND_COUNT; k++) start[k] = aclEmuLiveCount((aclEmuHandleKind)k);
     test_null_pointers();
     test_dead_and_foreign_handles();
     test_group_index_kind_per_revision();
     test_abi_selection();
+    test_emulator_abi_variable();
     test_formats();
     test_dtypes();
     test_ranks_revision2();

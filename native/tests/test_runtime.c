@@ -323,6 +323,40 @@ static void test_fresh_memory_and_alignment(void)
     stop();
 }
 
+/* Freed memory handed out again (large blocks are cached for reuse) never shows the previous
+ * owner's bytes, nor zeros: it is filled afresh, whatever its size. */
+static void test_reused_memory_is_filled_again(void)
+{
+    start();
+    static const size_t sizes[] = {4096, (size_t)2 << 20, ((size_t)3 << 20) + 100, (size_t)9 << 20};
+    const size_t largest = (size_t)9 << 20;
+    unsigned char *host = malloc(largest);
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        for (int round = 0; round < 3; round++) {
+            void *d = dev_alloc(sizes[i]);
+            CHECK_EQ_INT((uintptr_t)d % 64, 0);
+            memset(host, 0, sizes[i]);
+            download(host, d, sizes[i]);
+            CHECK(all_bytes(host, sizes[i], 0xFF));
+            /* Leave the caller's data (and zeros) behind for whoever gets the block next. */
+            memset(host, round == 0 ? 0x00 : 0x3C, sizes[i]);
+            upload(d, host, sizes[i]);
+            CHECK_EQ_INT(aclrtFree(d), ACL_SUCCESS);
+        }
+    }
+    /* A smaller request may be served by a larger cached block: only its own bytes count. */
+    void *big = dev_alloc((size_t)8 << 20);
+    CHECK_EQ_INT(aclrtFree(big), ACL_SUCCESS);
+    void *d = dev_alloc(((size_t)7 << 20) + 1);
+    download(host, d, ((size_t)7 << 20) + 1);
+    CHECK(all_bytes(host, ((size_t)7 << 20) + 1, 0xFF));
+    CHECK_FAILS(aclrtMemset(d, (size_t)8 << 20, 0, (size_t)8 << 20), ACL_ERROR_INVALID_PARAM,
+                "aclrtMemset", "one device allocation");
+    CHECK_EQ_INT(aclrtFree(d), ACL_SUCCESS);
+    free(host);
+    stop();
+}
+
 static void test_free_errors(void)
 {
     start();
@@ -700,12 +734,33 @@ static void test_recent_error_message(void)
     if (m != NULL) CHECK(strcmp(m, saved) == 0);
     const char *m2 = aclGetRecentErrMsg();
     CHECK(m2 != NULL && strstr(m2, "size") != NULL && strstr(m2, "[status 100000]") != NULL);
-    /* The latest failure wins. */
+    /* Unread failures pile up, newest first, one per line; one read takes them all. */
     CHECK_EQ_INT(aclrtSetDevice(9), ACL_ERROR_RT_INVALID_DEVICEID);
     CHECK_EQ_INT(aclrtFree(NULL), ACL_ERROR_INVALID_PARAM);
     const char *m3 = aclGetRecentErrMsg();
     CHECK(m3 != NULL && strncmp(m3, "aclrtFree: ", 11) == 0 &&
-          strstr(m3, "[status 100000]") != NULL);
+          strstr(m3, "[status 100000]\naclrtSetDevice: ") != NULL &&
+          strstr(m3, "[status 107001]") != NULL && strchr(strchr(m3, '\n') + 1, '\n') == NULL);
+    CHECK(aclGetRecentErrMsg() == NULL);
+    /* Only the latest returned text stays valid: the next read reuses its storage. */
+    CHECK_EQ_INT(aclrtSetDevice(8), ACL_ERROR_RT_INVALID_DEVICEID);
+    const char *first = aclGetRecentErrMsg();
+    CHECK(first != NULL && strstr(first, "deviceId 8") != NULL);
+    CHECK_EQ_INT(aclrtSetDevice(7), ACL_ERROR_RT_INVALID_DEVICEID);
+    const char *second = aclGetRecentErrMsg();
+    CHECK(second != NULL && strstr(second, "deviceId 7") != NULL && strstr(second, "deviceId 8") == NULL);
+    /* Many unread failures: the oldest whole lines give way, the newest is always first. */
+    for (int i = 0; i < 200; i++) {
+        CHECK_EQ_INT(aclrtSetDevice(1000 + i), ACL_ERROR_RT_INVALID_DEVICEID);
+    }
+    const char *many = aclGetRecentErrMsg();
+    CHECK(many != NULL && strncmp(many, "aclrtSetDevice: deviceId 1199 ", 30) == 0);
+    if (many != NULL) {
+        size_t len = strlen(many);
+        CHECK(len < 4096 && strstr(many, "deviceId 1000 ") == NULL);
+        CHECK(strcmp(many + len - strlen("[status 107001]"), "[status 107001]") == 0);
+    }
+    CHECK(aclGetRecentErrMsg() == NULL);
 
     /* Per thread: this thread's message is invisible there, and theirs here. */
     CHECK_EQ_INT(aclrtGetDeviceCount(NULL), ACL_ERROR_INVALID_PARAM);
@@ -1049,6 +1104,7 @@ int main(int argc, char **argv)
     test_malloc_errors();
     test_malloc_capacity();
     test_fresh_memory_and_alignment();
+    test_reused_memory_is_filled_again();
     test_free_errors();
     test_memcpy_kinds();
     test_memcpy_default_kind();

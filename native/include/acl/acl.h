@@ -15,8 +15,9 @@ extern "C" {
 ACL_FUNC_VISIBILITY aclError aclInit(const char *configPath);
 ACL_FUNC_VISIBILITY aclError aclFinalize(void);
 
-/* The calling thread's most recent failure text, or NULL when there is none.
- * Reading it clears it; the text stays valid until this thread's next call. */
+/* The calling thread's failure texts since it last asked, newest first, one per line; NULL when
+ * there are none. Reading clears them; only the latest returned text stays valid (until this
+ * thread's next call). */
 ACL_FUNC_VISIBILITY const char *aclGetRecentErrMsg(void);
 
 #ifdef __cplusplus

@@ -28,6 +28,8 @@ typedef enum {
 ACL_FUNC_VISIBILITY aclError aclrtSetDevice(int32_t deviceId);
 ACL_FUNC_VISIBILITY aclError aclrtResetDevice(int32_t deviceId);
 ACL_FUNC_VISIBILITY aclError aclrtGetDeviceCount(uint32_t *count);
+/* The calling thread's current device; fails when the thread has none. */
+ACL_FUNC_VISIBILITY aclError aclrtGetDevice(int32_t *deviceId);
 
 ACL_FUNC_VISIBILITY aclError aclrtCreateStream(aclrtStream *stream);
 ACL_FUNC_VISIBILITY aclError aclrtDestroyStream(aclrtStream stream);

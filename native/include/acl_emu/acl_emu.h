@@ -11,13 +11,20 @@
 extern "C" {
 #endif
 
+/* Every kind of handle the emulator hands out: X(enum suffix, value, name in messages). The
+ * enum, the registry's names and the leak report all come from this one table. */
+#define ACL_EMU_HANDLE_KINDS(X)                  \
+    X(TENSOR, 0, "aclTensor")                    \
+    X(INT_ARRAY, 1, "aclIntArray")               \
+    X(EXECUTOR, 2, "aclOpExecutor")              \
+    X(STREAM, 3, "aclrtStream")                  \
+    X(ALLOCATION, 4, "device allocation")
+
 typedef enum {
-    ACL_EMU_KIND_TENSOR = 0,
-    ACL_EMU_KIND_INT_ARRAY = 1,
-    ACL_EMU_KIND_EXECUTOR = 2,
-    ACL_EMU_KIND_STREAM = 3,
-    ACL_EMU_KIND_ALLOCATION = 4,
-    ACL_EMU_KIND_COUNT = 5
+#define ACL_EMU_KIND_ENUM(suffix, value, name) ACL_EMU_KIND_##suffix = value,
+    ACL_EMU_HANDLE_KINDS(ACL_EMU_KIND_ENUM)
+#undef ACL_EMU_KIND_ENUM
+    ACL_EMU_KIND_COUNT
 } aclEmuHandleKind;
 
 /* Version string of the emulator; also the canary that tells it from a real CANN. */
@@ -40,6 +47,10 @@ ACL_FUNC_VISIBILITY int64_t aclEmuFaultsInjected(void);
 /* Kernel implementation: 0 = vectorised (default), 1 = the scalar reference; both write the same
  * bytes (ACL_EMU_KERNEL=vector|scalar sets it at load). */
 ACL_FUNC_VISIBILITY aclError aclEmuSetKernelVariant(int32_t variant);
+
+/* The operator ABI revision the emulator implements (1 or 2), by the rules of ACL_EMU_ABI and
+ * ACL_SWIGLU_ABI; 0 when the variable in charge holds something else. */
+ACL_FUNC_VISIBILITY int32_t aclEmuAbiRevision(void);
 
 /* Kernel worker threads (0 = one per online CPU, the default; ACL_EMU_THREADS sets it at load). */
 ACL_FUNC_VISIBILITY aclError aclEmuSetThreads(int32_t threads);

@@ -2,8 +2,9 @@
  * acl-swiglu: aclnnSwigluGroupQuantGrad, ABI revision 2 (groupIndex is an INT64 aclTensor).
  * Written for this project from the facts in SPEC.md sections 1-2.
  *
- * Revision 1 (the seed document) passes an aclIntArray * in the groupIndex slot and uses
- * clampLimit == 0 for "off"; the emulator selects it with ACL_SWIGLU_ABI=1.
+ * Revision 1 (the first published form of the operator) passes an aclIntArray * in the
+ * groupIndex slot and uses clampLimit == 0 for "off"; the emulator implements it when
+ * ACL_EMU_ABI=1 (or, with ACL_EMU_ABI unset, ACL_SWIGLU_ABI=1).
  */
 #ifndef ACL_SWIGLU_ACLNN_SWIGLU_GROUP_QUANT_GRAD_H
 #define ACL_SWIGLU_ACLNN_SWIGLU_GROUP_QUANT_GRAD_H
@@ -14,7 +15,7 @@
 extern "C" {
 #endif
 
-/* Clamp "off" in revision 2. */
+/* Clamp "off" in revision 2, compared after conversion to fp32: (float)clampLimit == -1.0f. */
 #define ACLNN_SWIGLU_CLAMP_OFF (-1.0)
 
 ACL_FUNC_VISIBILITY aclnnStatus aclnnSwigluGroupQuantGradGetWorkspaceSize(

@@ -23,7 +23,8 @@ extern "C" {
 
 /* ---- error text (per thread) ---- */
 
-/* Records "<api>: <message>" as the calling thread's recent error and returns `code`. */
+/* Adds "<api>: <message> [status code]" to the calling thread's unread error texts (newest
+ * first) and returns `code`. */
 EMU_EXPORT int aclEmu_fail(int code, const char *api, const char *fmt, ...) EMU_PRINTF(3, 4);
 EMU_EXPORT int aclEmu_vfail(int code, const char *api, const char *fmt, va_list ap);
 
@@ -33,6 +34,19 @@ EMU_EXPORT int aclEmu_vfail(int code, const char *api, const char *fmt, va_list 
 EMU_EXPORT int aclEmu_require_init(const char *api);
 /* 0 when the calling thread has a device set (after aclInit), else the real code, message set. */
 EMU_EXPORT int aclEmu_require_device(const char *api);
+/* The calling thread's current device, or -1 when it has none. */
+EMU_EXPORT int32_t aclEmu_current_device(void);
+/* 0 when `owner` (the device a resource was made on) is the calling thread's current device;
+ * else `code`, with a message naming `what`, its device and the current one. */
+EMU_EXPORT int aclEmu_require_owner(const char *api, int code, const char *what, int32_t owner);
+
+/* ---- settings ---- */
+
+/* The operator ABI revision to implement: ACL_EMU_ABI, else ACL_SWIGLU_ABI, else 2, each read
+ * with the same rule (ASCII whitespace around the value is ignored; empty means unset; else
+ * exactly "1" or "2"). Re-read only when the process environment changed. Returns 0 with *abi
+ * set, or `invalid_code` with a message naming the variable and its value. */
+EMU_EXPORT int aclEmu_abi_revision(const char *api, int invalid_code, int *abi);
 
 /* ---- fault injection ---- */
 
@@ -51,6 +65,10 @@ EMU_EXPORT int aclEmu_handle_is(aclEmuHandleKind kind, const void *handle);
 EMU_EXPORT void aclEmu_handle_describe(aclEmuHandleKind kind, const void *handle, char *buf,
                                        size_t size);
 EMU_EXPORT const char *aclEmu_kind_name(aclEmuHandleKind kind);
+/* 0 when `handle` is a live handle of `kind`; else `code` with a
+ * message "<what>: <why it is not>" set. */
+EMU_EXPORT int aclEmu_require_handle(const char *api, int code, const char *what,
+                                     aclEmuHandleKind kind, const void *handle);
 
 /* ---- device memory ---- */
 
@@ -58,6 +76,7 @@ typedef struct {
     uintptr_t base;   /* start of the allocation holding the range */
     size_t size;      /* its size as requested */
     size_t offset;    /* where the range starts in it */
+    int32_t device;   /* the device it was allocated on */
 } aclEmuRegion;
 
 typedef enum {
@@ -90,9 +109,11 @@ struct aclEmuTask {
     void (*release)(aclEmuTask *task);
 };
 
-/* Resolves NULL to the default stream and takes a reference on it; returns NULL (message set,
- * *code filled) when `stream` is not a live stream. */
-EMU_EXPORT void *aclEmu_stream_resolve(aclrtStream stream, const char *api, int *code);
+/* Resolves NULL to the current device's default stream and takes a reference on it. Returns NULL
+ * with the message set and *code filled when `stream` is not a live stream (`invalid_code`) or
+ * belongs to another device (ACL_ERROR_RT_STREAM_CONTEXT). */
+EMU_EXPORT void *aclEmu_stream_resolve(aclrtStream stream, const char *api, int invalid_code,
+                                       int *code);
 /* Queues `task` on a resolved stream (it runs at the next synchronisation) and drops the
  * reference resolve took. */
 EMU_EXPORT void aclEmu_stream_enqueue(void *resolved_stream, aclEmuTask *task);

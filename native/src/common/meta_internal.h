@@ -34,38 +34,38 @@ typedef struct {
     aclTensor view;            /* its description, copied at phase 1, address kept current */
 } aclEmuSlot;
 
+struct aclEmuOperator;
+
 struct aclOpExecutor {
-    const char *op_name;
+    const struct aclEmuOperator *op;
+    int32_t device;            /* current when phase 1 made it */
     int repeatable;
     uint64_t launches;
     size_t input_count;
     size_t output_count;
     aclEmuSlot inputs[EMU_EXECUTOR_MAX_SLOTS];
     aclEmuSlot outputs[EMU_EXECUTOR_MAX_SLOTS];
+    uint32_t unread_inputs;    /* bit i: input i is checked at launch but not read */
     uint64_t workspace_size;
-    void *op_data;
-    void (*op_data_free)(void *op_data);
+    void *op_data;             /* one malloc block of op_data_size bytes */
+    size_t op_data_size;
 };
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* Element count of a view (0 when any dim is 0); -1 on overflow. */
+/* Element count of a view (0 when any dim is 0); -1 on overflow. Every view aclCreateTensor
+ * accepted has an extent that fits int64 in bytes, offset included. */
 EMU_EXPORT int64_t aclEmu_numel(const int64_t *dims, uint64_t ndim);
 /* Highest element index a non-empty view reaches from its offset (offset included). */
 EMU_EXPORT int64_t aclEmu_view_last_index(const aclTensor *t);
 
-/* A new executor for `op_name`, registered as live; NULL when out of memory. */
-EMU_EXPORT aclOpExecutor *aclEmu_executor_new(const char *op_name);
-/* Frees an executor that was never handed to the caller. */
-EMU_EXPORT void aclEmu_executor_discard(aclOpExecutor *executor);
-
 /* Serialises every use of executors: launches, address updates and destruction. */
-EMU_EXPORT void aclEmu_executor_lock(void);
-EMU_EXPORT void aclEmu_executor_unlock(void);
-/* With the executor lock held: unregisters and frees a single-use executor after a launch. */
-EMU_EXPORT void aclEmu_executor_consume_locked(aclOpExecutor *executor, const char *reason);
+void aclEmu_executor_lock(void);
+void aclEmu_executor_unlock(void);
+/* With the executor lock held: unregisters and frees an executor. */
+void aclEmu_executor_free_locked(aclOpExecutor *executor, const char *reason);
 
 #ifdef __cplusplus
 }

@@ -122,6 +122,15 @@ EMU_EXPORT aclTensor *aclCreateTensor(const int64_t *viewDims, uint64_t viewDims
             return reject_tensor("the view's extent overflows int64");
         }
     }
+    /* In bytes too, so that no later address computation can wrap. */
+    int64_t extent_bytes;
+    if (view_numel > 0 && __builtin_mul_overflow(last + 1, (int64_t)aclEmu_dtype_size(dataType),
+                                                 &extent_bytes)) {
+        free(t);
+        return reject_tensor("the view reaches element %lld; at %zu bytes per element that "
+                             "overflows int64 bytes",
+                             (long long)last, aclEmu_dtype_size(dataType));
+    }
     int64_t storage_numel = view_numel > 0 ? last + 1 : 0;
     if (storageDimsNum > 0) {
         for (uint64_t k = 0; k < storageDimsNum; k++) {
@@ -156,9 +165,8 @@ EMU_EXPORT aclnnStatus aclDestroyTensor(const aclTensor *tensor)
         return rc;
     }
     if (!aclEmu_handle_remove(ACL_EMU_KIND_TENSOR, tensor, "destroyed")) {
-        char why[160];
-        aclEmu_handle_describe(ACL_EMU_KIND_TENSOR, tensor, why, sizeof why);
-        return aclEmu_fail(ACLNN_ERR_PARAM_INVALID, api, "tensor: %s", why);
+        return aclEmu_require_handle(api, ACLNN_ERR_PARAM_INVALID, "tensor", ACL_EMU_KIND_TENSOR,
+                                     tensor);
     }
     free((void *)tensor);
     return ACLNN_SUCCESS;
@@ -174,10 +182,9 @@ EMU_EXPORT aclnnStatus aclSetRawTensorAddr(aclTensor *tensor, void *addr)
     if (tensor == NULL) {
         return aclEmu_fail(ACLNN_ERR_PARAM_NULLPTR, api, "tensor is NULL");
     }
-    if (!aclEmu_handle_is(ACL_EMU_KIND_TENSOR, tensor)) {
-        char why[160];
-        aclEmu_handle_describe(ACL_EMU_KIND_TENSOR, tensor, why, sizeof why);
-        return aclEmu_fail(ACLNN_ERR_PARAM_INVALID, api, "tensor: %s", why);
+    rc = aclEmu_require_handle(api, ACLNN_ERR_PARAM_INVALID, "tensor", ACL_EMU_KIND_TENSOR, tensor);
+    if (rc != 0) {
+        return rc;
     }
     tensor->data = addr;
     return ACLNN_SUCCESS;
@@ -220,9 +227,8 @@ EMU_EXPORT aclnnStatus aclDestroyIntArray(const aclIntArray *array)
         return rc;
     }
     if (!aclEmu_handle_remove(ACL_EMU_KIND_INT_ARRAY, array, "destroyed")) {
-        char why[160];
-        aclEmu_handle_describe(ACL_EMU_KIND_INT_ARRAY, array, why, sizeof why);
-        return aclEmu_fail(ACLNN_ERR_PARAM_INVALID, api, "array: %s", why);
+        return aclEmu_require_handle(api, ACLNN_ERR_PARAM_INVALID, "array",
+                                     ACL_EMU_KIND_INT_ARRAY, array);
     }
     free((void *)array);
     return ACLNN_SUCCESS;

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "common/emu_internal.h"
-#include "runtime/runtime_internal.h"
+#include "runtime/fault.h"
 
 #define MAX_FAULTS 32
 #define MAX_API_NAME 64
@@ -63,7 +63,7 @@ static int parse_rule(const char *text, size_t len, fault_rule *out)
     return 0;
 }
 
-int aclEmu_fault_set(const char *spec)
+static int set_plan(const char *spec)
 {
     fault_rule parsed[MAX_FAULTS];
     size_t count = 0;
@@ -90,7 +90,26 @@ int aclEmu_fault_set(const char *spec)
     return 0;
 }
 
-int64_t aclEmu_fault_injected(void)
+EMU_EXPORT aclError aclEmuSetFaults(const char *spec)
+{
+    if (set_plan(spec) != 0) {
+        return aclEmu_fail(ACL_ERROR_INVALID_PARAM, "aclEmuSetFaults",
+                           "cannot parse \"%s\": expected name:N:code[,name:N:code...] with N >= 1",
+                           spec);
+    }
+    return ACL_SUCCESS;
+}
+
+__attribute__((constructor)) static void plan_from_environment(void)
+{
+    const char *faults = getenv("ACL_EMU_FAIL");
+    if (faults != NULL && *faults != '\0' && set_plan(faults) != 0) {
+        fprintf(stderr, "acl-swiglu emulator: ignoring ACL_EMU_FAIL=%s (%s)\n", faults,
+                "expected name:N:code[,name:N:code...]");
+    }
+}
+
+EMU_EXPORT int64_t aclEmuFaultsInjected(void)
 {
     pthread_mutex_lock(&fault_lock);
     int64_t n = injected;

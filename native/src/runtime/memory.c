@@ -10,10 +10,10 @@
 #include <string.h>
 
 #include "common/emu_internal.h"
-#include "runtime/runtime_internal.h"
+#include "runtime/blocks.h"
+#include "runtime/memory.h"
 
-/* Device allocations are 32-byte aligned on Ascend; use 64 so vector loads never split lines. */
-#define DEVICE_ALIGNMENT 64
+#define DEVICE_ALIGNMENT 64   /* what blocks.c guarantees */
 /* Fresh device memory is not zeroed on a real device: fill it so nothing can depend on it. */
 #define FRESH_MEMORY_BYTE 0xFF
 
@@ -21,6 +21,8 @@ typedef struct {
     uintptr_t base;
     size_t size;        /* as requested */
     uint32_t pins;      /* work in progress reading or writing it */
+    int32_t device;     /* current when it was allocated */
+    size_t mapped;      /* for aclEmu_block_put */
 } allocation;
 
 static pthread_mutex_t memory_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -38,7 +40,7 @@ void aclEmu_mem_set_capacity(uint64_t bytes)
     pthread_mutex_unlock(&memory_lock);
 }
 
-int64_t aclEmu_mem_live_bytes(void)
+EMU_EXPORT int64_t aclEmuLiveBytes(void)
 {
     pthread_mutex_lock(&memory_lock);
     int64_t n = (int64_t)bytes_in_use;
@@ -98,6 +100,7 @@ aclEmuRangeClass aclEmu_mem_classify(const void *ptr, size_t len, aclEmuRegion *
         region->offset = (uintptr_t)ptr >= allocations[at].base
                              ? (size_t)((uintptr_t)ptr - allocations[at].base)
                              : 0;
+        region->device = allocations[at].device;
     }
     pthread_mutex_unlock(&memory_lock);
     return cls;
@@ -105,11 +108,11 @@ aclEmuRangeClass aclEmu_mem_classify(const void *ptr, size_t len, aclEmuRegion *
 
 void aclEmu_mem_describe(const void *ptr, size_t len, char *buf, size_t size)
 {
-    aclEmuRegion region = {0, 0, 0};
+    aclEmuRegion region = {0, 0, 0, 0};
     switch (aclEmu_mem_classify(ptr, len, &region)) {
     case EMU_RANGE_DEVICE:
-        snprintf(buf, size, "device memory (allocation %p of %zu bytes, offset %zu)",
-                 (void *)region.base, region.size, region.offset);
+        snprintf(buf, size, "device memory (allocation %p of %zu bytes, offset %zu, device %d)",
+                 (void *)region.base, region.size, region.offset, region.device);
         break;
     case EMU_RANGE_STRADDLES:
         snprintf(buf, size,
@@ -154,7 +157,7 @@ void aclEmu_mem_unpin(const void *const *ptrs, size_t n)
     pthread_mutex_unlock(&memory_lock);
 }
 
-static int record_allocation(uintptr_t base, size_t size)
+static int record_allocation(uintptr_t base, size_t size, int32_t device, size_t mapped)
 {
     if (allocation_count == allocation_capacity) {
         size_t capacity = allocation_capacity ? allocation_capacity * 2 : 64;
@@ -168,7 +171,7 @@ static int record_allocation(uintptr_t base, size_t size)
     ptrdiff_t below = find_floor(base);
     size_t at = (size_t)(below + 1);
     memmove(&allocations[at + 1], &allocations[at], (allocation_count - at) * sizeof *allocations);
-    allocations[at] = (allocation){base, size, 0};
+    allocations[at] = (allocation){base, size, 0, device, mapped};
     allocation_count++;
     bytes_in_use += size;
     return 0;
@@ -204,18 +207,17 @@ EMU_EXPORT aclError aclrtMalloc(void **devPtr, size_t size, aclrtMemMallocPolicy
                            " bytes with %" PRIu64 " in use (set ACL_EMU_DEVICE_MEMORY to change)",
                            size, capacity, in_use);
     }
-    size_t rounded = (size + DEVICE_ALIGNMENT - 1) / DEVICE_ALIGNMENT * DEVICE_ALIGNMENT;
-    void *block = aligned_alloc(DEVICE_ALIGNMENT, rounded);
+    size_t mapped = 0;
+    void *block = aclEmu_block_get(size, FRESH_MEMORY_BYTE, &mapped);
     if (block == NULL) {
         return aclEmu_fail(ACL_ERROR_RT_MEMORY_ALLOCATION, api,
                            "cannot allocate %zu bytes: the host is out of memory", size);
     }
-    memset(block, FRESH_MEMORY_BYTE, rounded);
     pthread_mutex_lock(&memory_lock);
-    rc = record_allocation((uintptr_t)block, size);
+    rc = record_allocation((uintptr_t)block, size, aclEmu_current_device(), mapped);
     pthread_mutex_unlock(&memory_lock);
     if (rc != 0) {
-        free(block);
+        aclEmu_block_put(block, mapped);
         return aclEmu_fail(ACL_ERROR_RT_MEMORY_ALLOCATION, api,
                            "out of host memory recording the allocation");
     }
@@ -246,9 +248,13 @@ EMU_EXPORT aclError aclrtFree(void *devPtr)
                                    "%p points inside allocation %p; free the address aclrtMalloc "
                                    "returned", devPtr, (void *)base);
             }
-            char why[160];
-            aclEmu_handle_describe(ACL_EMU_KIND_ALLOCATION, devPtr, why, sizeof why);
-            return aclEmu_fail(ACL_ERROR_INVALID_PARAM, api, "%s", why);
+            return aclEmu_require_handle(api, ACL_ERROR_INVALID_PARAM, "devPtr",
+                                         ACL_EMU_KIND_ALLOCATION, devPtr);
+        }
+        if (allocations[at].device != aclEmu_current_device()) {
+            int32_t owner = allocations[at].device;
+            pthread_mutex_unlock(&memory_lock);
+            return aclEmu_require_owner(api, ACL_ERROR_RT_PARAM_INVALID, "the allocation", owner);
         }
         if (allocations[at].pins == 0) {
             break;
@@ -257,12 +263,13 @@ EMU_EXPORT aclError aclrtFree(void *devPtr)
         pthread_cond_wait(&unpinned, &memory_lock);
     }
     bytes_in_use -= allocations[at].size;
+    size_t mapped = allocations[at].mapped;
     memmove(&allocations[at], &allocations[at + 1],
             (allocation_count - (size_t)at - 1) * sizeof *allocations);
     allocation_count--;
     aclEmu_handle_remove(ACL_EMU_KIND_ALLOCATION, devPtr, "freed");
     pthread_mutex_unlock(&memory_lock);
-    free(devPtr);
+    aclEmu_block_put(devPtr, mapped);
     return ACL_SUCCESS;
 }
 
@@ -277,7 +284,7 @@ void aclEmu_mem_release_all(void)
     for (size_t i = 0; i < allocation_count; i++) {
         aclEmu_handle_remove(ACL_EMU_KIND_ALLOCATION, (void *)allocations[i].base,
                              "freed by aclFinalize");
-        free((void *)allocations[i].base);
+        aclEmu_block_put((void *)allocations[i].base, allocations[i].mapped);
     }
     allocation_count = 0;
     bytes_in_use = 0;
@@ -286,6 +293,7 @@ void aclEmu_mem_release_all(void)
     allocations = NULL;
     allocation_capacity = 0;
     pthread_mutex_unlock(&memory_lock);
+    aclEmu_blocks_release_cached();
 }
 
 void aclEmu_mem_report(FILE *out)
@@ -301,201 +309,14 @@ void aclEmu_mem_report(FILE *out)
 void aclEmu_mem_lock_for_fork(void) { pthread_mutex_lock(&memory_lock); }
 void aclEmu_mem_unlock_after_fork(void) { pthread_mutex_unlock(&memory_lock); }
 
-/* ---- copies ---- */
-
-static const char *memcpy_kind_name(int kind)
+void aclEmu_mem_reset_in_child(void)
 {
-    switch (kind) {
-    case ACL_MEMCPY_HOST_TO_HOST: return "ACL_MEMCPY_HOST_TO_HOST";
-    case ACL_MEMCPY_HOST_TO_DEVICE: return "ACL_MEMCPY_HOST_TO_DEVICE";
-    case ACL_MEMCPY_DEVICE_TO_HOST: return "ACL_MEMCPY_DEVICE_TO_HOST";
-    case ACL_MEMCPY_DEVICE_TO_DEVICE: return "ACL_MEMCPY_DEVICE_TO_DEVICE";
-    case ACL_MEMCPY_DEFAULT: return "ACL_MEMCPY_DEFAULT";
-    default: return "unknown";
+    for (size_t i = 0; i < allocation_count; i++) {
+        allocations[i].pins = 0;
     }
+    /* A parent thread may have been waiting on it: start from a fresh condition variable. */
+    pthread_cond_t fresh = PTHREAD_COND_INITIALIZER;
+    memcpy(&unpinned, &fresh, sizeof fresh);
+    pthread_mutex_unlock(&memory_lock);
 }
 
-/* One side of a copy must be device memory (want_device) or host memory; checks it and
- * records in *is_device whether it is device memory now. */
-static int check_side(const char *api, const char *side, const void *ptr, size_t count,
-                      int want_device, int kind, int *is_device)
-{
-    aclEmuRegion region = {0, 0, 0};
-    aclEmuRangeClass cls = aclEmu_mem_classify(ptr, count, &region);
-    *is_device = cls == EMU_RANGE_DEVICE;
-    if (cls == EMU_RANGE_STRADDLES) {
-        return aclEmu_fail(ACL_ERROR_INVALID_PARAM, api,
-                           "%s range [%p, +%zu) runs past the end of device allocation %p of "
-                           "%zu bytes (offset %zu)",
-                           side, ptr, count, (void *)region.base, region.size, region.offset);
-    }
-    if (want_device < 0) {
-        return 0;   /* ACL_MEMCPY_DEFAULT: either is fine */
-    }
-    if (want_device && cls != EMU_RANGE_DEVICE) {
-        return aclEmu_fail(ACL_ERROR_INVALID_PARAM, api,
-                           "kind %s needs %s in device memory, but %p is host memory or freed "
-                           "device memory",
-                           memcpy_kind_name(kind), side, ptr);
-    }
-    if (!want_device && cls != EMU_RANGE_HOST) {
-        return aclEmu_fail(ACL_ERROR_INVALID_PARAM, api,
-                           "kind %s needs %s in host memory, but %p is device memory "
-                           "(allocation %p)",
-                           memcpy_kind_name(kind), side, ptr, (void *)region.base);
-    }
-    return 0;
-}
-
-/* Checks a copy; fills which sides are device memory, so that the copy can insist on it
- * when it runs (a side freed meanwhile must fail, not be written as if it were host memory). */
-static int check_copy(const char *api, void *dst, size_t destMax, const void *src, size_t count,
-                      aclrtMemcpyKind kind, int *dst_is_device, int *src_is_device)
-{
-    *dst_is_device = 0;
-    *src_is_device = 0;
-    if (dst == NULL || src == NULL) {
-        return aclEmu_fail(ACL_ERROR_INVALID_PARAM, api, "%s is NULL", dst == NULL ? "dst" : "src");
-    }
-    if (count > destMax) {
-        return aclEmu_fail(ACL_ERROR_INVALID_PARAM, api, "count %zu is larger than destMax %zu",
-                           count, destMax);
-    }
-    int dst_device, src_device;
-    switch ((int)kind) {
-    case ACL_MEMCPY_HOST_TO_HOST: dst_device = 0; src_device = 0; break;
-    case ACL_MEMCPY_HOST_TO_DEVICE: dst_device = 1; src_device = 0; break;
-    case ACL_MEMCPY_DEVICE_TO_HOST: dst_device = 0; src_device = 1; break;
-    case ACL_MEMCPY_DEVICE_TO_DEVICE: dst_device = 1; src_device = 1; break;
-    case ACL_MEMCPY_DEFAULT: dst_device = -1; src_device = -1; break;
-    default:
-        return aclEmu_fail(ACL_ERROR_INVALID_PARAM, api, "kind %d is not an aclrtMemcpyKind (0..4)",
-                           (int)kind);
-    }
-    if (count == 0) {
-        return 0;
-    }
-    int rc = check_side(api, "dst", dst, count, dst_device, kind, dst_is_device);
-    if (rc == 0) rc = check_side(api, "src", src, count, src_device, kind, src_is_device);
-    return rc;
-}
-
-/* Copies with the device sides (as classified when the copy was checked) pinned; fails if
- * one of them was freed since. */
-static int pinned_copy(const char *api, void *dst, const void *src, size_t count,
-                       int dst_is_device, int src_is_device)
-{
-    const void *ptrs[2];
-    size_t lens[2];
-    size_t n = 0;
-    if (dst_is_device) {
-        ptrs[n] = dst; lens[n] = count; n++;
-    }
-    if (src_is_device) {
-        ptrs[n] = src; lens[n] = count; n++;
-    }
-    if (aclEmu_mem_pin(ptrs, lens, n) != 0) {
-        return aclEmu_fail(ACL_ERROR_RT_INTERNAL_ERROR, api,
-                           "device memory of the copy was freed before the copy ran");
-    }
-    memmove(dst, src, count);
-    aclEmu_mem_unpin(ptrs, n);
-    return 0;
-}
-
-EMU_EXPORT aclError aclrtMemcpy(void *dst, size_t destMax, const void *src, size_t count,
-                                aclrtMemcpyKind kind)
-{
-    static const char api[] = "aclrtMemcpy";
-    int dst_is_device = 0, src_is_device = 0;
-    int rc = aclEmu_fault(api);
-    if (rc == 0) rc = aclEmu_require_device(api);
-    if (rc == 0) {
-        rc = check_copy(api, dst, destMax, src, count, kind, &dst_is_device, &src_is_device);
-    }
-    if (rc != 0 || count == 0) return rc;
-    /* Synchronous for the host, but it does not wait for queued stream work: reading results
-     * that were not synchronised gives what the memory held before. */
-    return pinned_copy(api, dst, src, count, dst_is_device, src_is_device);
-}
-
-typedef struct {
-    aclEmuTask task;
-    void *dst;
-    const void *src;
-    size_t count;
-    int dst_is_device;
-    int src_is_device;
-} copy_task;
-
-static int run_copy(aclEmuTask *task)
-{
-    copy_task *copy = (copy_task *)task;
-    return pinned_copy("aclrtMemcpyAsync", copy->dst, copy->src, copy->count, copy->dst_is_device,
-                       copy->src_is_device);
-}
-
-static void release_copy(aclEmuTask *task) { free(task); }
-
-EMU_EXPORT aclError aclrtMemcpyAsync(void *dst, size_t destMax, const void *src, size_t count,
-                                     aclrtMemcpyKind kind, aclrtStream stream)
-{
-    static const char api[] = "aclrtMemcpyAsync";
-    int dst_is_device = 0, src_is_device = 0;
-    int rc = aclEmu_fault(api);
-    if (rc == 0) rc = aclEmu_require_device(api);
-    if (rc == 0) {
-        rc = check_copy(api, dst, destMax, src, count, kind, &dst_is_device, &src_is_device);
-    }
-    if (rc != 0) return rc;
-    void *resolved = aclEmu_stream_resolve(stream, api, &rc);
-    if (resolved == NULL) return rc;
-    if (count == 0) {
-        aclEmu_stream_unref(resolved);   /* nothing to queue: drop the reference resolve took */
-        return ACL_SUCCESS;
-    }
-    copy_task *copy = calloc(1, sizeof *copy);
-    if (copy == NULL) {
-        aclEmu_stream_unref(resolved);
-        return aclEmu_fail(ACL_ERROR_BAD_ALLOC, api, "out of host memory queueing the copy");
-    }
-    copy->task.run = run_copy;
-    copy->task.release = release_copy;
-    copy->dst = dst;
-    copy->src = src;
-    copy->count = count;
-    copy->dst_is_device = dst_is_device;
-    copy->src_is_device = src_is_device;
-    aclEmu_stream_enqueue(resolved, &copy->task);
-    return ACL_SUCCESS;
-}
-
-EMU_EXPORT aclError aclrtMemset(void *devPtr, size_t maxCount, int32_t value, size_t count)
-{
-    static const char api[] = "aclrtMemset";
-    int rc = aclEmu_fault(api);
-    if (rc == 0) rc = aclEmu_require_device(api);
-    if (rc != 0) return rc;
-    if (devPtr == NULL) {
-        return aclEmu_fail(ACL_ERROR_INVALID_PARAM, api, "devPtr is NULL");
-    }
-    if (count > maxCount) {
-        return aclEmu_fail(ACL_ERROR_INVALID_PARAM, api, "count %zu is larger than maxCount %zu",
-                           count, maxCount);
-    }
-    if (count == 0) {
-        return ACL_SUCCESS;
-    }
-    const void *ptrs[1] = {devPtr};
-    size_t lens[1] = {count};
-    if (aclEmu_mem_pin(ptrs, lens, 1) != 0) {
-        char where[200];
-        aclEmu_mem_describe(devPtr, count, where, sizeof where);
-        return aclEmu_fail(ACL_ERROR_INVALID_PARAM, api,
-                           "[devPtr, devPtr + %zu) must lie in one device allocation; it is %s",
-                           count, where);
-    }
-    memset(devPtr, value & 0xff, count);
-    aclEmu_mem_unpin(ptrs, 1);
-    return ACL_SUCCESS;
-}

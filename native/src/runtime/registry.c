@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "common/emu_internal.h"
-#include "runtime/runtime_internal.h"
+#include "runtime/registry.h"
 
 #define EMPTY_SLOT ((uintptr_t)0)
 #define TOMBSTONE ((uintptr_t)1)
@@ -35,7 +35,9 @@ static grave graveyard[GRAVEYARD_SIZE];
 static size_t graveyard_next;
 
 static const char *const kind_names[ACL_EMU_KIND_COUNT] = {
-    "aclTensor", "aclIntArray", "aclOpExecutor", "aclrtStream", "device allocation",
+#define KIND_NAME(suffix, value, name) [value] = name,
+    ACL_EMU_HANDLE_KINDS(KIND_NAME)
+#undef KIND_NAME
 };
 
 const char *aclEmu_kind_name(aclEmuHandleKind kind)
@@ -175,8 +177,8 @@ void aclEmu_handle_describe(aclEmuHandleKind kind, const void *handle, char *buf
     registry_slot *slot = key > TOMBSTONE ? find_slot(key) : NULL;
     if (slot != NULL) {
         const char *actual = aclEmu_kind_name(slot->kind);
-        snprintf(buf, size, "%p is %s live %s, not %s %s", handle, article(actual), actual,
-                 article(wanted), wanted);
+        snprintf(buf, size, "%p is a live %s, not %s %s", handle, actual, article(wanted),
+                 wanted);
         pthread_mutex_unlock(&registry_lock);
         return;
     }
@@ -195,6 +197,17 @@ void aclEmu_handle_describe(aclEmuHandleKind kind, const void *handle, char *buf
     snprintf(buf, size, "%p is not %s %s made by this library", handle, article(wanted), wanted);
 }
 
+int aclEmu_require_handle(const char *api, int code, const char *what, aclEmuHandleKind kind,
+                          const void *handle)
+{
+    if (aclEmu_handle_is(kind, handle)) {
+        return 0;
+    }
+    char why[200];
+    aclEmu_handle_describe(kind, handle, why, sizeof why);
+    return aclEmu_fail(code, api, "%s: %s", what, why);
+}
+
 int64_t aclEmu_live_count(aclEmuHandleKind kind)
 {
     pthread_mutex_lock(&registry_lock);
@@ -203,9 +216,32 @@ int64_t aclEmu_live_count(aclEmuHandleKind kind)
     return n;
 }
 
-void aclEmu_report_live_handles(FILE *out)
+EMU_EXPORT int64_t aclEmuLiveCount(aclEmuHandleKind kind)
+{
+    if ((int)kind < 0 || kind >= ACL_EMU_KIND_COUNT) {
+        return -1;
+    }
+    return aclEmu_live_count(kind);
+}
+
+int64_t aclEmu_report_live_handles(FILE *out)
 {
     pthread_mutex_lock(&registry_lock);
+    int64_t total = 0;
+    for (int k = 0; k < ACL_EMU_KIND_COUNT; k++) {
+        total += live_by_kind[k];
+    }
+    if (total == 0) {
+        pthread_mutex_unlock(&registry_lock);
+        fprintf(out, "acl-swiglu emulator: leak check at aclFinalize: no live handles\n");
+        return 0;
+    }
+    fprintf(out, "acl-swiglu emulator: leak check at aclFinalize: %lld live handle(s):",
+            (long long)total);
+    for (int k = 0; k < ACL_EMU_KIND_COUNT; k++) {
+        fprintf(out, "%s %lld %s", k ? "," : "", (long long)live_by_kind[k], kind_names[k]);
+    }
+    fputc('\n', out);
     for (size_t i = 0; i < slot_capacity; i++) {
         if (slots[i].key != EMPTY_SLOT && slots[i].key != TOMBSTONE) {
             fprintf(out, "  leaked %s %p\n", aclEmu_kind_name(slots[i].kind),
@@ -213,6 +249,7 @@ void aclEmu_report_live_handles(FILE *out)
         }
     }
     pthread_mutex_unlock(&registry_lock);
+    return total;
 }
 
 /* At unload (dlclose, or exit): release the table when no handle is live, so that unloading the

@@ -16,7 +16,7 @@
 typedef int32_t (*launch_fn)(void *workspace, uint64_t workspace_size, void *executor, void *stream);
 typedef int (*synchronize_fn)(void *stream);
 
-/* Laid out as acl_swiglu/op.py's _HotLaunch ctypes structure. */
+/* Laid out as the binding's ctypes structure of the same fields, in this order. */
 typedef struct {
     launch_fn launch;            /* aclnnSwigluGroupQuantGrad */
     synchronize_fn synchronize;  /* aclrtSynchronizeStream */
