@@ -185,6 +185,23 @@ def _torch_npu():
     return torch_npu
 
 
+def _allocate(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Device memory for outputs and workspace: torch's allocator for `device` (torch_npu's
+    caching allocator), never an aclrtMalloc per call."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+_device_in_use = []
+
+
+def _use_device(index: int) -> None:
+    """Points the package at torch_npu's current device, once per change (aclrtSetDevice of the
+    device the thread already has current: nothing is switched behind torch_npu)."""
+    if _device_in_use != [index]:
+        acl_swiglu.set_device(index)
+        _device_in_use[:] = [index]
+
+
 def _npu(grad_y, x, *, weight=None, y_origin=None, group_index=None, clamp_limit=CLAMP_OFF):
     _check_arguments(grad_y, x, weight, y_origin, group_index, clamp_limit)
     torch_npu = _torch_npu()
@@ -205,9 +222,9 @@ def _npu(grad_y, x, *, weight=None, y_origin=None, group_index=None, clamp_limit
     # stands); this thread then uses that device, as torch_npu knows it.
     with torch_npu.npu.device(device):
         torch_npu.npu.init()
-        acl_swiglu.set_device(torch_npu.npu.current_device())
-        grad_x = torch.empty(x.shape, dtype=x.dtype, device=device)
-        grad_weight = (torch.empty(weight.shape, dtype=torch.float32, device=device) if weight is not None
+        _use_device(torch_npu.npu.current_device())
+        grad_x = _allocate(x.shape, x.dtype, device)
+        grad_weight = (_allocate(weight.shape, torch.float32, device) if weight is not None
                        else _empty_grad_weight(x))
         if group_index is not None and acl_swiglu.abi_revision() == 1:
             named["group_index"] = group_index.cpu().numpy()   # revision 1 reads host counts at phase 1
@@ -223,7 +240,7 @@ def _npu(grad_y, x, *, weight=None, y_origin=None, group_index=None, clamp_limit
         def workspace(nbytes: int) -> DeviceBuffer:
             # Freed back to the caching allocator when this call returns: safe, since the
             # allocator orders its reuse after the work queued on this same stream.
-            buffer = torch.empty((nbytes,), dtype=torch.uint8, device=device)
+            buffer = _allocate((nbytes,), torch.uint8, device)
             keep.append(buffer)
             return DeviceBuffer.wrap(buffer.data_ptr(), nbytes)
 

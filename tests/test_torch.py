@@ -429,6 +429,101 @@ def test_device_path_derivation_gives_the_one_shot_result(dtype, view):
     np.testing.assert_array_equal(got_w.view(np.uint8), expect_w.view(np.uint8))
 
 
+class _StandInTorchNpu:
+    """What the NPU kernel uses of torch_npu, over emulator memory: tensors whose storage is
+    emulator device memory, a current stream that is an emulator stream, formats as given."""
+
+    def __init__(self, stream, formats=None):
+        import contextlib
+        import types
+        self.stream_reads = 0
+        self.formats = formats or {}
+        outer = self
+
+        class _Stream:
+            @property
+            def npu_stream(self):
+                outer.stream_reads += 1
+                return stream.handle
+
+        self.npu = types.SimpleNamespace(device=lambda device: contextlib.nullcontext(), init=lambda: None,
+                                         current_device=lambda: 0, current_stream=lambda device=None: _Stream())
+
+    def get_npu_format(self, tensor):
+        return self.formats.get(tensor.untyped_storage().data_ptr(), 2)
+
+
+class _EmulatorMemory:
+    """torch tensors whose storage is emulator device memory (host-addressable in the emulator)."""
+
+    def __init__(self):
+        self.buffers = []
+
+    def empty(self, shape, dtype, device=None):
+        import ctypes
+        nbytes = max(math.prod(shape) * torch.empty((), dtype=dtype).element_size(), 1)
+        self.buffers.append(acl_swiglu.DeviceBuffer(nbytes))
+        raw = np.frombuffer((ctypes.c_uint8 * nbytes).from_address(self.buffers[-1].ptr), np.uint8)
+        return torch.from_numpy(raw).view(dtype)[:math.prod(shape)].view(shape)
+
+    def holding(self, tensor):
+        """A copy of `tensor` in emulator memory, keeping its strides and storage offset."""
+        storage = torch.empty(0, dtype=torch.uint8).set_(tensor.untyped_storage())
+        copy = self.empty((storage.numel(),), torch.uint8)
+        copy.copy_(storage)
+        return copy.view(tensor.dtype).as_strided(tensor.shape, tensor.stride(), tensor.storage_offset())
+
+    def close(self):
+        for buffer in self.buffers:
+            buffer.close()
+
+
+@pytest.fixture
+def npu_stand_in(monkeypatch):
+    memory = _EmulatorMemory()
+    with acl_swiglu.Stream() as stream:
+        torch_npu = _StandInTorchNpu(stream)
+        monkeypatch.setitem(__import__("sys").modules, "torch_npu", torch_npu)
+        monkeypatch.setattr(at, "_allocate", memory.empty)
+        try:
+            yield torch_npu, memory, stream
+        finally:
+            stream.synchronize()
+            memory.close()
+
+
+@pytest.mark.emulator_only
+@pytest.mark.parametrize("view", ["rows", "transposed", "offset_3d"])
+def test_npu_kernel_on_emulator_memory_queues_on_the_current_stream(npu_stand_in, view):
+    torch_npu, memory, stream = npu_stand_in
+    grad_y, x, w, y_origin = _views(view, torch.bfloat16)
+    group_index = torch.tensor([3, 4], dtype=torch.int64)
+    expect_x, expect_w = at.swiglu_group_quant_grad(grad_y, x, weight=w, y_origin=y_origin,
+                                                    group_index=group_index, clamp_limit=1.0)
+    on_device = [memory.holding(t) for t in (grad_y, x, w, y_origin, group_index)]
+    assert on_device[1].stride() == x.stride() and on_device[1].storage_offset() == x.storage_offset()
+    for call in range(2):
+        grad_x, grad_weight = at._npu(*on_device[:2], weight=on_device[2], y_origin=on_device[3],
+                                      group_index=on_device[4], clamp_limit=1.0)
+        assert torch_npu.stream_reads == call + 1   # the current stream, read at every call
+        stream.synchronize()   # the emulator runs queued work here: it was on that stream
+        assert torch.equal(_as_int(grad_x), _as_int(expect_x)) and torch.equal(grad_weight, expect_w)
+    # The workspace came from the same allocator as the outputs (none from aclrtMalloc per call).
+    assert len(memory.buffers) == 5 + 2 * 3
+
+
+@pytest.mark.emulator_only
+def test_npu_kernel_refuses_mixed_devices_and_private_formats(npu_stand_in):
+    torch_npu, memory, _ = npu_stand_in
+    grad_y, x, _, _ = (memory.holding(t) if t is not None else None for t in _problem(torch.float16, weight=False))
+    with pytest.raises(acl_swiglu.ArgumentError, match="group_index is on meta but x is on cpu"):
+        at._npu(grad_y, x, group_index=torch.empty(2, dtype=torch.int64, device="meta"))
+    torch_npu.formats[x.untyped_storage().data_ptr()] = 29   # FRACTAL_NZ
+    with pytest.raises(acl_swiglu.ArgumentError, match="x has the private NPU format 29"):
+        at._npu(grad_y, x)
+    assert len(memory.buffers) == 2   # refused before anything was allocated
+
+
 # ---- real NPU tensors (torch_npu on an Ascend 950 host) ----
 
 
@@ -475,3 +570,24 @@ def test_npu_refuses_mixed_devices_and_private_formats():
     nz = torch_npu.npu_format_cast(x.to("npu"), 29)
     with pytest.raises(acl_swiglu.ArgumentError, match="private NPU format 29"):
         at.swiglu_group_quant_grad(grad_y.to("npu"), nz)
+
+
+# ---- the benchmark script ----
+
+
+@pytest.mark.allow_live_handles   # it runs in a child process
+def test_torch_overhead_benchmark_reports_both_calls():
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "torch_overhead.py"
+    result = subprocess.run([sys.executable, str(script), "--quick", "--json"], capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads(result.stdout)
+    assert set(data["sizes"]) == {"T=1 H=16", "T=4096 H=2048"}
+    for figures in data["sizes"].values():
+        assert figures["numpy"] > 0 and figures["torch"] > 0
+        assert figures["ratio"] == pytest.approx(figures["torch"] / figures["numpy"])
+    assert set(data["targets"]) == {"large_ratio", "tiny_overhead_us"}
