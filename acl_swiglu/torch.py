@@ -164,8 +164,9 @@ def tensor_layout(tensor: torch.Tensor) -> TensorLayout:
 def run_device_arrays(arrays: dict, clamp_limit: Optional[float], stream: Stream,
                       workspace: Callable[[int], Optional[DeviceBuffer]]) -> None:
     """Both phases on DeviceArrays (grad_y, x, weight, y_origin, group_index, grad_x, grad_weight;
-    absent ones None), queued on `stream`, with the workspace `workspace(nbytes)` gives."""
-    made = [a for a in arrays.values() if a is not None]
+    absent ones None; revision 1 takes group_index as host counts), queued on `stream`, with the
+    workspace `workspace(nbytes)` gives. The arrays' tensor handles are released on return."""
+    made = [a for a in arrays.values() if isinstance(a, DeviceArray)]
     try:
         executor = acl_swiglu.get_workspace_size(
             arrays["grad_y"], arrays["x"], arrays["weight"], arrays["y_origin"], arrays["group_index"],

@@ -591,3 +591,25 @@ def test_torch_overhead_benchmark_reports_both_calls():
         assert figures["numpy"] > 0 and figures["torch"] > 0
         assert figures["ratio"] == pytest.approx(figures["torch"] / figures["numpy"])
     assert set(data["targets"]) == {"large_ratio", "tiny_overhead_us"}
+
+
+@pytest.mark.emulator_only
+@pytest.mark.parametrize("abi", [1], indirect=True)
+def test_revision_1_takes_the_same_calls(abi, npu_stand_in):
+    """Revision 1 (host group counts, clamp off as 0): the torch calls do not change."""
+    _, memory, stream = npu_stand_in
+    grad_y, x, w, y_origin = _problem(torch.float16, rows=10, hidden=16)
+    group_index = torch.tensor([4, 3], dtype=torch.int64)
+    for clamp_limit in (None, 0.5):
+        expect_x, expect_w = acl_swiglu.swiglu_group_quant_grad(
+            _numpy(grad_y), _numpy(x), _numpy(w.reshape(10, 1)), _numpy(y_origin), _numpy(group_index),
+            clamp_limit=clamp_limit)
+        on_cpu = at.swiglu_group_quant_grad(grad_y, x, weight=w.reshape(10, 1), y_origin=y_origin,
+                                            group_index=group_index, clamp_limit=clamp_limit)
+        on_device = at._npu(*(memory.holding(t) for t in (grad_y, x)), weight=memory.holding(w.reshape(10, 1)),
+                            y_origin=memory.holding(y_origin), group_index=memory.holding(group_index),
+                            clamp_limit=at.CLAMP_OFF if clamp_limit is None else clamp_limit)
+        stream.synchronize()
+        for grad_x, grad_weight in (on_cpu, on_device):
+            np.testing.assert_array_equal(_numpy(grad_x).view(np.int16), expect_x.view(np.int16))
+            np.testing.assert_array_equal(_numpy(grad_weight), expect_w)
