@@ -52,31 +52,48 @@ def _clamp_argument(clamp_limit: float) -> Optional[float]:
     return float(clamp_limit)
 
 
-def _check_arguments(grad_y, x, weight, y_origin, group_index, clamp_limit) -> None:
-    """The operator's shape and dtype rules, on metadata only (never reads data)."""
-    for name, tensor in (("grad_y", grad_y), ("x", x)):
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+def _check_x(x) -> None:
+    """x: a fused [..., 2H] tensor of an operator dtype."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in IO_DTYPES:
         raise ArgumentError(f"x has dtype {x.dtype}; it must be torch.float32, torch.float16 or torch.bfloat16")
-    if grad_y.dtype != x.dtype:
-        raise ArgumentError(f"grad_y has dtype {grad_y.dtype}; it must be x's dtype {x.dtype}")
     if not 1 <= x.dim() <= MAX_RANK:
         raise ArgumentError(f"x has {x.dim()} dims; it must have 1 to {MAX_RANK}")
+    if x.shape[-1] % 2 != 0:
+        raise ArgumentError(f"x has shape {tuple(x.shape)}; its last dim must be even (gate and value halves)")
+
+
+def _check_weight(weight, x) -> None:
+    """weight: fp32, one element per row of x (any shape with that many elements)."""
+    if weight.dtype != torch.float32:
+        raise ArgumentError(f"weight has dtype {weight.dtype}; it must be torch.float32")
+    rows = math.prod(x.shape[:-1])
+    if weight.numel() != rows:
+        raise ArgumentError(f"weight has {weight.numel()} elements; it must have one per row of x ({rows})")
+
+
+def _check_group_index(group_index) -> None:
+    if group_index is not None and (group_index.dtype != torch.int64 or group_index.dim() != 1):
+        raise ArgumentError(f"group_index is {group_index.dtype} with {group_index.dim()} dims; it must be a "
+                            "1-D torch.int64 tensor of per-group token counts")
+
+
+def _check_arguments(grad_y, x, weight, y_origin, group_index, clamp_limit) -> None:
+    """The operator's shape and dtype rules, on metadata only (never reads data)."""
+    _check_x(x)
+    if not isinstance(grad_y, torch.Tensor):
+        raise TypeError(f"grad_y must be a torch.Tensor, got {type(grad_y).__name__}")
+    if grad_y.dtype != x.dtype:
+        raise ArgumentError(f"grad_y has dtype {grad_y.dtype}; it must be x's dtype {x.dtype}")
     if grad_y.dim() != x.dim() or grad_y.shape[:-1] != x.shape[:-1]:
         raise ArgumentError(f"grad_y has shape {tuple(grad_y.shape)}; it must have x's leading dims "
                             f"{tuple(x.shape[:-1])} and a last dim of x's last dim / 2")
-    if x.shape[-1] % 2 != 0:
-        raise ArgumentError(f"x has shape {tuple(x.shape)}; its last dim must be even (gate and value halves)")
     if grad_y.shape[-1] * 2 != x.shape[-1]:
         raise ArgumentError(f"grad_y's last dim is {grad_y.shape[-1]}; it must be x's last dim / 2 = "
                             f"{x.shape[-1] // 2}")
     if weight is not None:
-        if weight.dtype != torch.float32:
-            raise ArgumentError(f"weight has dtype {weight.dtype}; it must be torch.float32")
-        rows = math.prod(x.shape[:-1])
-        if weight.numel() != rows:
-            raise ArgumentError(f"weight has {weight.numel()} elements; it must have one per row of x ({rows})")
+        _check_weight(weight, x)
         if y_origin is None:
             raise ArgumentError("y_origin is required with weight (the unweighted forward output)")
     if y_origin is not None:
@@ -85,10 +102,17 @@ def _check_arguments(grad_y, x, weight, y_origin, group_index, clamp_limit) -> N
         if y_origin.dtype != x.dtype or y_origin.shape != grad_y.shape:
             raise ArgumentError(f"y_origin is {y_origin.dtype} {tuple(y_origin.shape)}; it must be grad_y's "
                                 f"{grad_y.dtype} {tuple(grad_y.shape)}")
-    if group_index is not None and (group_index.dtype != torch.int64 or group_index.dim() != 1):
-        raise ArgumentError(f"group_index is {group_index.dtype} with {group_index.dim()} dims; it must be a "
-                            "1-D torch.int64 tensor of per-group token counts")
+    _check_group_index(group_index)
     _clamp_argument(clamp_limit)
+
+
+def _check_clamp(clamp_limit) -> Optional[float]:
+    """The Python-level clamp_limit: None (off) or > 0."""
+    if clamp_limit is None:
+        return None
+    if not clamp_limit > 0:   # NaN included
+        raise ArgumentError(f"clamp_limit must be None (off) or > 0, got {clamp_limit!r}")
+    return float(clamp_limit)
 
 
 def _empty_grad_weight(x: torch.Tensor) -> torch.Tensor:
@@ -110,7 +134,8 @@ def _as_numpy(tensor: Optional[torch.Tensor]) -> Optional[np.ndarray]:
     """A NumPy view of the tensor's memory (no copy; strides and offset kept)."""
     if tensor is None:
         return None
-    tensor = tensor.detach()
+    if tensor.requires_grad:
+        tensor = tensor.detach()
     if tensor.dtype == torch.bfloat16:   # NumPy has no bfloat16: reinterpret the bits
         return tensor.view(torch.uint16).numpy().view(bfloat16)
     return tensor.numpy()
@@ -272,11 +297,6 @@ def swiglu_group_quant_grad(grad_y: torch.Tensor, x: torch.Tensor, *, weight: Op
 
 def _row_weight(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """weight ([T] or [..., 1], T elements, fp32) as [..., 1] against x's leading dims."""
-    if weight.dtype != torch.float32:
-        raise ArgumentError(f"weight has dtype {weight.dtype}; it must be torch.float32")
-    rows = math.prod(x.shape[:-1])
-    if weight.numel() != rows:
-        raise ArgumentError(f"weight has {weight.numel()} elements; it must have one per row of x ({rows})")
     return weight.reshape(*x.shape[:-1], 1)
 
 
@@ -344,18 +364,12 @@ def swiglu(x: torch.Tensor, weight: Optional[torch.Tensor] = None, *, clamp_limi
     between forward and backward (a third less saved activation memory for one elementwise pass;
     the bits are the same either way).
     """
-    if clamp_limit is not None and not clamp_limit > 0:
-        raise ArgumentError(f"clamp_limit must be None (off) or > 0, got {clamp_limit!r}")
-    if x.dim() < 1 or x.shape[-1] % 2 != 0:
-        raise ArgumentError(f"x has shape {tuple(x.shape)}; its last dim must be even (gate and value halves)")
-    if x.dtype not in IO_DTYPES:
-        raise ArgumentError(f"x has dtype {x.dtype}; it must be torch.float32, torch.float16 or torch.bfloat16")
+    clamp_limit = _check_clamp(clamp_limit)
+    _check_x(x)
     if weight is not None:
-        _row_weight(weight, x)
-    if group_index is not None and (group_index.dtype != torch.int64 or group_index.dim() != 1):
-        raise ArgumentError("group_index must be a 1-D torch.int64 tensor of per-group token counts")
-    out, _ = _SwiGLUFunction.apply(x, weight, None if clamp_limit is None else float(clamp_limit), group_index,
-                                   bool(recompute_y_origin))
+        _check_weight(weight, x)
+    _check_group_index(group_index)
+    out, _ = _SwiGLUFunction.apply(x, weight, clamp_limit, group_index, bool(recompute_y_origin))
     return out
 
 
@@ -364,9 +378,7 @@ class SwiGLU(torch.nn.Module):
 
     def __init__(self, clamp_limit: Optional[float] = None, recompute_y_origin: bool = True):
         super().__init__()
-        if clamp_limit is not None and not clamp_limit > 0:
-            raise ArgumentError(f"clamp_limit must be None (off) or > 0, got {clamp_limit!r}")
-        self.clamp_limit = clamp_limit
+        self.clamp_limit = _check_clamp(clamp_limit)
         self.recompute_y_origin = recompute_y_origin
 
     def forward(self, x: torch.Tensor, weight: Optional[torch.Tensor] = None,

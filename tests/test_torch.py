@@ -535,13 +535,16 @@ def _torch_npu():
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_npu_tensors_match_cpu_tensors(dtype):
     _torch_npu()
-    grad_y, x, w, y_origin = _views("rows", dtype)
+    big = _problem(dtype, rows=21, hidden=16, seed=4)
     group_index = torch.tensor([7, 2], dtype=torch.int64)
-    on_cpu = at.swiglu_group_quant_grad(grad_y, x, weight=w, y_origin=y_origin, group_index=group_index,
-                                        clamp_limit=1.0)
-    npu = [t.to("npu") for t in (grad_y, x, w, y_origin, group_index)]
-    on_npu = at.swiglu_group_quant_grad(npu[0][:, :], npu[1], weight=npu[2], y_origin=npu[3], group_index=npu[4],
-                                        clamp_limit=1.0)
+    on_npu_storage = [t.to("npu") for t in big] + [group_index.to("npu")]
+    views_cpu = [t[1::2] for t in big] + [group_index]       # every other row, from an offset
+    views_npu = [t[1::2] for t in on_npu_storage[:4]] + [on_npu_storage[4]]
+    assert views_npu[1].storage_offset() == views_cpu[1].storage_offset() > 0
+    on_cpu = at.swiglu_group_quant_grad(views_cpu[0], views_cpu[1], weight=views_cpu[2], y_origin=views_cpu[3],
+                                        group_index=views_cpu[4], clamp_limit=1.0)
+    on_npu = at.swiglu_group_quant_grad(views_npu[0], views_npu[1], weight=views_npu[2], y_origin=views_npu[3],
+                                        group_index=views_npu[4], clamp_limit=1.0)
     assert on_npu[0].device.type == "npu"
     assert torch.equal(_as_int(on_npu[0].cpu()), _as_int(on_cpu[0])) and torch.equal(on_npu[1].cpu(), on_cpu[1])
 
