@@ -14,6 +14,7 @@ Importing this module needs torch (the ``torch`` extra); ``import acl_swiglu`` n
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from typing import Callable, Optional, Tuple
 
@@ -147,8 +148,17 @@ def _from_numpy(array: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(array)
 
 
+def _framework_first() -> None:
+    """When torch_npu is in use, it initialises ACL before our first call, so that its aclInit
+    (and configuration) is the one that stands and we never finalise it."""
+    torch_npu = sys.modules.get("torch_npu")
+    if torch_npu is not None:
+        torch_npu.npu.init()   # does nothing once torch_npu is initialised
+
+
 def _cpu(grad_y, x, *, weight=None, y_origin=None, group_index=None, clamp_limit=CLAMP_OFF):
     _check_arguments(grad_y, x, weight, y_origin, group_index, clamp_limit)
+    _framework_first()
     grad_x, grad_weight = acl_swiglu.swiglu_group_quant_grad(
         _as_numpy(grad_y), _as_numpy(x), _as_numpy(weight), _as_numpy(y_origin), _as_numpy(group_index),
         clamp_limit=_clamp_argument(clamp_limit))
@@ -247,7 +257,7 @@ def _npu(grad_y, x, *, weight=None, y_origin=None, group_index=None, clamp_limit
     # torch_npu makes the device current (its aclInit comes first, so its configuration
     # stands); this thread then uses that device, as torch_npu knows it.
     with torch_npu.npu.device(device):
-        torch_npu.npu.init()
+        _framework_first()
         _use_device(torch_npu.npu.current_device())
         grad_x = _allocate(x.shape, x.dtype, device)
         grad_weight = (_allocate(weight.shape, torch.float32, device) if weight is not None
