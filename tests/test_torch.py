@@ -147,6 +147,18 @@ def _views(view, dtype, hidden=16):
     return gy, x, torch.tensor([0.75]).expand(6), yo
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cpu_tensors_reach_numpy_as_views_of_their_memory(dtype):
+    big = _random((6, 40), dtype, 15)
+    view = big[1:, 4:36].t()   # storage offset and transposed strides
+    array = at._as_numpy(view)
+    assert array.__array_interface__["data"][0] == view.data_ptr()
+    assert array.strides == tuple(s * view.element_size() for s in view.stride())
+    assert array.dtype == NUMPY_OF[dtype]
+    result = at._from_numpy(array.copy())
+    assert result.dtype == dtype and torch.equal(_as_int(result), _as_int(view.contiguous()))
+
+
 def test_the_fake_implementation_checks_without_reading_data():
     from torch._subclasses.fake_tensor import FakeTensorMode
     with FakeTensorMode():
@@ -306,12 +318,12 @@ def _train_step(module):
     return step
 
 
-@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
-def test_compile_fullgraph_dynamic_shapes(backend):
+@pytest.mark.parametrize("backend,recompute", [("aot_eager", True), ("aot_eager", False), ("inductor", True)])
+def test_compile_fullgraph_dynamic_shapes(backend, recompute):
     from torch._dynamo.testing import CompileCounterWithBackend
     torch._dynamo.reset()
     counter = CompileCounterWithBackend(backend)
-    module = at.SwiGLU(clamp_limit=1.0)
+    module = at.SwiGLU(clamp_limit=1.0, recompute_y_origin=recompute)
     compiled = torch.compile(_train_step(module), fullgraph=True, dynamic=True, backend=counter)
     compiled_after_first = None
     for rows in (12, 20, 7):
