@@ -11,17 +11,19 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
+# The PyTorch section's examples need torch (an optional extra): tests/test_torch_readme.py runs them.
+TORCH_SECTION = re.search(r"^## PyTorch\n.*?(?=^## )", README, flags=re.S | re.M).group(0)
 
 
-def _blocks(language: str):
-    return re.findall(rf"```{language}\n(.*?)```", README, flags=re.S)
+def _blocks(language: str, text: str = README.replace(TORCH_SECTION, "")):
+    return re.findall(rf"```{language}\n(.*?)```", text, flags=re.S)
 
 
 def test_the_two_commands_are_the_ci_commands():
     commands = [b.strip() for b in _blocks("") if b.strip().startswith("python3 -m venv")]
     assert commands == [
         "python3 -m venv .venv && . .venv/bin/activate && pip install . && acl-swiglu-sample",
-        "python3 -m venv .venv && . .venv/bin/activate && pip install '.[test]' && pytest",
+        "python3 -m venv .venv && . .venv/bin/activate && pip install -c constraints/ci.txt '.[test,torch]' && pytest",
     ]
     ci = (ROOT / ".ci" / "run").read_text()
     assert commands[1] in ci, ".ci/run must run exactly the README's test command"

@@ -1,0 +1,400 @@
+"""PyTorch integration: the operator as ``torch.ops.acl_swiglu.swiglu_group_quant_grad``, a
+differentiable ``swiglu`` whose backward runs it, and a ``SwiGLU`` module.
+
+Importing this module needs torch (the ``torch`` extra); ``import acl_swiglu`` never does.
+
+- CPU tensors run on the backend in use (a real CANN, or the bundled emulator) through the
+  one-shot NumPy call, on zero-copy NumPy views of the tensors (any strides, any storage offset).
+- NPU tensors (torch_npu) are never copied: each one is described to aclCreateTensor by its
+  storage base, storage_offset() and stride() (elements); outputs and workspace come from
+  torch_npu's caching allocator; the work goes on the current torch_npu stream of the tensors'
+  device, read at every call.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+from typing import Callable, Optional, Tuple
+
+import numpy as np
+import torch
+
+import acl_swiglu
+from acl_swiglu import ArgumentError, DeviceArray, DeviceBuffer, Stream, bfloat16
+
+__all__ = ["SwiGLU", "swiglu", "swiglu_group_quant_grad", "TensorLayout", "tensor_layout"]
+
+CLAMP_OFF = -1.0   # the schema's "no clamp", as in the operator's own torch extension
+SCHEMA = ("swiglu_group_quant_grad(Tensor grad_y, Tensor x, *, Tensor? weight=None, Tensor? y_origin=None, "
+          "Tensor? group_index=None, float clamp_limit=-1.0) -> (Tensor, Tensor)")
+OP_NAME = "acl_swiglu::swiglu_group_quant_grad"
+
+_NUMPY_DTYPES = {torch.float32: np.dtype(np.float32), torch.float16: np.dtype(np.float16),
+                 torch.bfloat16: bfloat16, torch.int64: np.dtype(np.int64)}
+IO_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+MAX_RANK = 8
+
+# torch_npu's base formats (the storage is laid out as the tensor's strides say): ND, NCHW,
+# NHWC, NCDHW. Every other format (FRACTAL_NZ, NC1HWC0, ...) is a private tiled layout.
+NPU_BASE_FORMATS = {0: "NCHW", 1: "NHWC", 2: "ND", 30: "NCDHW"}
+
+
+# ---- argument rules (shared by the fake and the real implementations) ----
+
+
+def _clamp_argument(clamp_limit: float) -> Optional[float]:
+    """The schema's float as the NumPy API's clamp_limit: None when it is the -1.0 "off"."""
+    if float(np.float32(clamp_limit)) == CLAMP_OFF:
+        return None
+    if not clamp_limit > 0:   # NaN included
+        raise ArgumentError(f"clamp_limit must be -1.0 (off) or > 0, got {clamp_limit!r}")
+    return float(clamp_limit)
+
+
+def _check_x(x) -> None:
+    """x: a fused [..., 2H] tensor of an operator dtype."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in IO_DTYPES:
+        raise ArgumentError(f"x has dtype {x.dtype}; it must be torch.float32, torch.float16 or torch.bfloat16")
+    if not 1 <= x.dim() <= MAX_RANK:
+        raise ArgumentError(f"x has {x.dim()} dims; it must have 1 to {MAX_RANK}")
+    if x.shape[-1] % 2 != 0:
+        raise ArgumentError(f"x has shape {tuple(x.shape)}; its last dim must be even (gate and value halves)")
+
+
+def _check_weight(weight, x) -> None:
+    """weight: fp32, one element per row of x (any shape with that many elements)."""
+    if weight.dtype != torch.float32:
+        raise ArgumentError(f"weight has dtype {weight.dtype}; it must be torch.float32")
+    rows = math.prod(x.shape[:-1])
+    if weight.numel() != rows:
+        raise ArgumentError(f"weight has {weight.numel()} elements; it must have one per row of x ({rows})")
+
+
+def _check_group_index(group_index) -> None:
+    if group_index is not None and (group_index.dtype != torch.int64 or group_index.dim() != 1):
+        raise ArgumentError(f"group_index is {group_index.dtype} with {group_index.dim()} dims; it must be a "
+                            "1-D torch.int64 tensor of per-group token counts")
+
+
+def _check_arguments(grad_y, x, weight, y_origin, group_index, clamp_limit) -> None:
+    """The operator's shape and dtype rules, on metadata only (never reads data)."""
+    _check_x(x)
+    if not isinstance(grad_y, torch.Tensor):
+        raise TypeError(f"grad_y must be a torch.Tensor, got {type(grad_y).__name__}")
+    if grad_y.dtype != x.dtype:
+        raise ArgumentError(f"grad_y has dtype {grad_y.dtype}; it must be x's dtype {x.dtype}")
+    if grad_y.dim() != x.dim() or grad_y.shape[:-1] != x.shape[:-1]:
+        raise ArgumentError(f"grad_y has shape {tuple(grad_y.shape)}; it must have x's leading dims "
+                            f"{tuple(x.shape[:-1])} and a last dim of x's last dim / 2")
+    if grad_y.shape[-1] * 2 != x.shape[-1]:
+        raise ArgumentError(f"grad_y's last dim is {grad_y.shape[-1]}; it must be x's last dim / 2 = "
+                            f"{x.shape[-1] // 2}")
+    if weight is not None:
+        _check_weight(weight, x)
+        if y_origin is None:
+            raise ArgumentError("y_origin is required with weight (the unweighted forward output)")
+    if y_origin is not None:
+        if weight is None:
+            raise ArgumentError("y_origin is given without weight; it is only used with weight")
+        if y_origin.dtype != x.dtype or y_origin.shape != grad_y.shape:
+            raise ArgumentError(f"y_origin is {y_origin.dtype} {tuple(y_origin.shape)}; it must be grad_y's "
+                                f"{grad_y.dtype} {tuple(grad_y.shape)}")
+    _check_group_index(group_index)
+    _clamp_argument(clamp_limit)
+
+
+def _check_clamp(clamp_limit) -> Optional[float]:
+    """The Python-level clamp_limit: None (off) or > 0."""
+    if clamp_limit is None:
+        return None
+    if not clamp_limit > 0:   # NaN included
+        raise ArgumentError(f"clamp_limit must be None (off) or > 0, got {clamp_limit!r}")
+    return float(clamp_limit)
+
+
+def _empty_grad_weight(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty((0,), dtype=torch.float32, device=x.device)
+
+
+def _fake(grad_y, x, *, weight=None, y_origin=None, group_index=None, clamp_limit=CLAMP_OFF):
+    _check_arguments(grad_y, x, weight, y_origin, group_index, clamp_limit)
+    grad_x = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if weight is None:
+        return grad_x, _empty_grad_weight(x)
+    return grad_x, torch.empty(weight.shape, dtype=torch.float32, device=weight.device)
+
+
+# ---- CPU tensors: zero-copy NumPy views through the one-shot call ----
+
+
+def _as_numpy(tensor: Optional[torch.Tensor]) -> Optional[np.ndarray]:
+    """A NumPy view of the tensor's memory (no copy; strides and offset kept)."""
+    if tensor is None:
+        return None
+    if tensor.requires_grad:
+        tensor = tensor.detach()
+    if tensor.dtype == torch.bfloat16:   # NumPy has no bfloat16: reinterpret the bits
+        return tensor.view(torch.uint16).numpy().view(bfloat16)
+    return tensor.numpy()
+
+
+def _from_numpy(array: np.ndarray) -> torch.Tensor:
+    if array.dtype == bfloat16:
+        return torch.from_numpy(array.view(np.uint16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
+def _framework_first() -> None:
+    """When torch_npu is in use, it initialises ACL before our first call, so that its aclInit
+    (and configuration) is the one that stands and we never finalise it."""
+    torch_npu = sys.modules.get("torch_npu")
+    if torch_npu is not None:
+        torch_npu.npu.init()   # does nothing once torch_npu is initialised
+
+
+def _cpu(grad_y, x, *, weight=None, y_origin=None, group_index=None, clamp_limit=CLAMP_OFF):
+    _check_arguments(grad_y, x, weight, y_origin, group_index, clamp_limit)
+    _framework_first()
+    grad_x, grad_weight = acl_swiglu.swiglu_group_quant_grad(
+        _as_numpy(grad_y), _as_numpy(x), _as_numpy(weight), _as_numpy(y_origin), _as_numpy(group_index),
+        clamp_limit=_clamp_argument(clamp_limit))
+    return _from_numpy(grad_x), (_from_numpy(grad_weight) if grad_weight is not None else _empty_grad_weight(x))
+
+
+# ---- NPU tensors: the storage described in place ----
+
+
+@dataclass(frozen=True)
+class TensorLayout:
+    """How aclCreateTensor sees a tensor: its storage's base address, the view's shape, dtype,
+    strides and offset (both in elements, from the base) and the storage's size in bytes."""
+
+    base: int
+    shape: Tuple[int, ...]
+    dtype: np.dtype
+    strides: Tuple[int, ...]
+    offset: int
+    storage_nbytes: int
+
+    def wrap(self, base: Optional[int] = None) -> DeviceArray:
+        """The view as a DeviceArray borrowing the storage at `base` (default: its own)."""
+        return DeviceArray.wrap(self.base if base is None else base, self.shape, self.dtype, strides=self.strides,
+                                offset=self.offset, nbytes=self.storage_nbytes)
+
+
+def tensor_layout(tensor: torch.Tensor) -> TensorLayout:
+    """The description of a tensor's memory that the device path hands to the operator."""
+    dtype = _NUMPY_DTYPES.get(tensor.dtype)
+    if dtype is None:
+        raise ArgumentError(f"a tensor of dtype {tensor.dtype} cannot be passed to the operator")
+    storage = tensor.untyped_storage()
+    return TensorLayout(storage.data_ptr(), tuple(tensor.shape), dtype, tuple(tensor.stride()),
+                        tensor.storage_offset(), storage.nbytes())
+
+
+def run_device_arrays(arrays: dict, clamp_limit: Optional[float], stream: Stream,
+                      workspace: Callable[[int], Optional[DeviceBuffer]]) -> None:
+    """Both phases on DeviceArrays (grad_y, x, weight, y_origin, group_index, grad_x, grad_weight;
+    absent ones None; revision 1 takes group_index as host counts), queued on `stream`, with the
+    workspace `workspace(nbytes)` gives. The arrays' tensor handles are released on return."""
+    made = [a for a in arrays.values() if isinstance(a, DeviceArray)]
+    try:
+        executor = acl_swiglu.get_workspace_size(
+            arrays["grad_y"], arrays["x"], arrays["weight"], arrays["y_origin"], arrays["group_index"],
+            clamp_limit, grad_x=arrays["grad_x"], grad_weight=arrays["grad_weight"])
+        with executor:
+            executor.launch(stream, workspace=workspace(executor.workspace_size) if executor.workspace_size else None)
+    finally:
+        for array in made:   # borrowed memory: this drops the aclTensor handles only
+            array.close()
+
+
+def _torch_npu():
+    try:
+        import torch_npu
+    except ImportError:
+        raise RuntimeError("these tensors are on an NPU device, but torch_npu cannot be imported") from None
+    return torch_npu
+
+
+def _allocate(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Device memory for outputs and workspace: torch's allocator for `device` (torch_npu's
+    caching allocator), never an aclrtMalloc per call."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+_device_in_use = []
+
+
+def _use_device(index: int) -> None:
+    """Points the package at torch_npu's current device, once per change (aclrtSetDevice of the
+    device the thread already has current: nothing is switched behind torch_npu)."""
+    if _device_in_use != [index]:
+        acl_swiglu.set_device(index)
+        _device_in_use[:] = [index]
+
+
+def _npu(grad_y, x, *, weight=None, y_origin=None, group_index=None, clamp_limit=CLAMP_OFF):
+    _check_arguments(grad_y, x, weight, y_origin, group_index, clamp_limit)
+    torch_npu = _torch_npu()
+    named = {"grad_y": grad_y, "x": x, "weight": weight, "y_origin": y_origin, "group_index": group_index}
+    device = x.device
+    for name, tensor in named.items():
+        if tensor is None:
+            continue
+        if tensor.device != device:
+            raise ArgumentError(f"{name} is on {tensor.device} but x is on {device}: all tensors must be on one "
+                                "device")
+        npu_format = int(torch_npu.get_npu_format(tensor))
+        if npu_format not in NPU_BASE_FORMATS:
+            raise ArgumentError(f"{name} has the private NPU format {npu_format}; the operator takes ND tensors "
+                                "(convert with torch_npu.npu_format_cast(tensor, 2))")
+    clamp = _clamp_argument(clamp_limit)
+    # torch_npu makes the device current (its aclInit comes first, so its configuration
+    # stands); this thread then uses that device, as torch_npu knows it.
+    with torch_npu.npu.device(device):
+        _framework_first()
+        _use_device(torch_npu.npu.current_device())
+        grad_x = _allocate(x.shape, x.dtype, device)
+        grad_weight = (_allocate(weight.shape, torch.float32, device) if weight is not None
+                       else _empty_grad_weight(x))
+        if group_index is not None and acl_swiglu.abi_revision() == 1:
+            named["group_index"] = group_index.cpu().numpy()   # revision 1 reads host counts at phase 1
+        arrays = {name: (tensor_layout(t).wrap() if isinstance(t, torch.Tensor) else t)
+                  for name, t in named.items()}
+        arrays["grad_x"] = tensor_layout(grad_x).wrap()
+        arrays["grad_weight"] = tensor_layout(grad_weight).wrap() if weight is not None else None
+        # Read at every call: reading npu_stream flushes torch_npu's queue, so queued producers
+        # of the inputs are submitted before our launch.
+        stream = Stream.from_handle(torch_npu.npu.current_stream(device).npu_stream)
+        keep = []
+
+        def workspace(nbytes: int) -> DeviceBuffer:
+            # Freed back to the caching allocator when this call returns: safe, since the
+            # allocator orders its reuse after the work queued on this same stream.
+            buffer = _allocate((nbytes,), torch.uint8, device)
+            keep.append(buffer)
+            return DeviceBuffer.wrap(buffer.data_ptr(), nbytes)
+
+        run_device_arrays(arrays, clamp, stream, workspace)
+    return grad_x, grad_weight
+
+
+_LIBRARY = torch.library.Library("acl_swiglu", "DEF")
+_LIBRARY.define(SCHEMA)
+_LIBRARY.impl("swiglu_group_quant_grad", _cpu, "CPU")
+_LIBRARY.impl("swiglu_group_quant_grad", _npu, "PrivateUse1")
+torch.library.register_fake(OP_NAME, _fake, lib=_LIBRARY)
+
+
+def swiglu_group_quant_grad(grad_y: torch.Tensor, x: torch.Tensor, *, weight: Optional[torch.Tensor] = None,
+                            y_origin: Optional[torch.Tensor] = None, group_index: Optional[torch.Tensor] = None,
+                            clamp_limit: Optional[float] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """SwiGLU backward on tensors: (grad_x, grad_weight), grad_weight None without weight.
+    clamp_limit None means off, otherwise > 0."""
+    grad_x, grad_weight = torch.ops.acl_swiglu.swiglu_group_quant_grad(
+        grad_y, x, weight=weight, y_origin=y_origin, group_index=group_index,
+        clamp_limit=CLAMP_OFF if clamp_limit is None else float(clamp_limit))
+    return grad_x, (grad_weight if weight is not None else None)
+
+
+# ---- the differentiable forward ----
+
+
+def _row_weight(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """weight ([T] or [..., 1], T elements, fp32) as [..., 1] against x's leading dims."""
+    return weight.reshape(*x.shape[:-1], 1)
+
+
+def _unweighted(x: torch.Tensor, clamp_limit: Optional[float], group_index: Optional[torch.Tensor]) -> torch.Tensor:
+    """silu(x0c) * x1c in fp32 (rows at or past trunc zero), not yet rounded."""
+    gate, value = x.float().chunk(2, dim=-1)
+    if clamp_limit is not None:
+        gate = gate.clamp(max=clamp_limit)
+        value = value.clamp(min=-clamp_limit, max=clamp_limit)
+    y = torch.nn.functional.silu(gate) * value
+    if group_index is not None:
+        rows = math.prod(x.shape[:-1])
+        # Counts cast to uint32 and summed in uint32, as the operator does, then capped at T.
+        trunc = torch.clamp(torch.bitwise_and(torch.bitwise_and(group_index, 0xFFFFFFFF).sum(), 0xFFFFFFFF),
+                            max=rows)
+        keep = torch.arange(rows, device=x.device) < trunc
+        y = torch.where(keep.reshape(*x.shape[:-1], 1), y, torch.zeros((), dtype=y.dtype, device=y.device))
+    return y
+
+
+class _SwiGLUFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(x, weight, clamp_limit, group_index, recompute_y_origin):
+        y = _unweighted(x, clamp_limit, group_index)
+        if weight is None:
+            return y.to(x.dtype), None
+        y_origin = None if recompute_y_origin else y.to(x.dtype)
+        return (y * _row_weight(weight, x)).to(x.dtype), y_origin
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, weight, clamp_limit, group_index, recompute_y_origin = inputs
+        ctx.clamp_limit = clamp_limit
+        ctx.recompute_y_origin = recompute_y_origin
+        ctx.save_for_backward(x, weight, group_index, output[1])
+        if output[1] is not None:
+            ctx.mark_non_differentiable(output[1])
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_y_origin):
+        x, weight, group_index, y_origin = ctx.saved_tensors
+        if weight is not None:
+            if y_origin is None:
+                y_origin = _unweighted(x, ctx.clamp_limit, group_index).to(x.dtype)
+            weight_rows = _row_weight(weight, x)
+        else:
+            weight_rows = None
+        grad_x, grad_weight = swiglu_group_quant_grad(
+            grad_out.to(x.dtype), x, weight=weight_rows, y_origin=y_origin, group_index=group_index,
+            clamp_limit=ctx.clamp_limit)
+        if grad_weight is not None:
+            grad_weight = grad_weight.reshape(weight.shape)
+        return grad_x, grad_weight, None, None, None
+
+
+def swiglu(x: torch.Tensor, weight: Optional[torch.Tensor] = None, *, clamp_limit: Optional[float] = None,
+           group_index: Optional[torch.Tensor] = None, recompute_y_origin: bool = True) -> torch.Tensor:
+    """SwiGLU on fused x [..., 2H] (gate first): weight * silu(x0c) * x1c, computed in fp32 and
+    rounded once to x's dtype; x0c = min(x0, c), x1c = clip(x1, -c, c) with clamp_limit c.
+
+    weight: fp32 with one element per row ([T] or [..., 1]), the MoE routing weight. group_index:
+    int64 per-group token counts; rows at or past their sum are zero. Differentiable in x and
+    weight; the backward runs the operator. With weight, the backward needs the unweighted
+    output: recompute_y_origin=True (default) recomputes it there instead of keeping it alive
+    between forward and backward (a third less saved activation memory for one elementwise pass;
+    the bits are the same either way).
+    """
+    clamp_limit = _check_clamp(clamp_limit)
+    _check_x(x)
+    if weight is not None:
+        _check_weight(weight, x)
+    _check_group_index(group_index)
+    out, _ = _SwiGLUFunction.apply(x, weight, clamp_limit, group_index, bool(recompute_y_origin))
+    return out
+
+
+class SwiGLU(torch.nn.Module):
+    """``swiglu`` as a module: ``SwiGLU(clamp_limit=None)(x, weight=None, group_index=None)``."""
+
+    def __init__(self, clamp_limit: Optional[float] = None, recompute_y_origin: bool = True):
+        super().__init__()
+        self.clamp_limit = _check_clamp(clamp_limit)
+        self.recompute_y_origin = recompute_y_origin
+
+    def forward(self, x: torch.Tensor, weight: Optional[torch.Tensor] = None,
+                group_index: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return swiglu(x, weight, clamp_limit=self.clamp_limit, group_index=group_index,
+                      recompute_y_origin=self.recompute_y_origin)
+
+    def extra_repr(self) -> str:
+        return f"clamp_limit={self.clamp_limit}"

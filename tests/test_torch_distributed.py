@@ -1,0 +1,42 @@
+"""An expert-parallel MoE step under torchrun (two ranks, gloo, one emulated device each)
+matches the same model run in one process, and each rank's ACL work ran on its own device."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="acl_swiglu.torch needs torch (pip install 'acl-swiglu[torch]')")
+pytest.importorskip("torch.distributed", reason="this torch build has no torch.distributed")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torchrun_moe  # noqa: E402
+
+RANKS = 2
+
+
+@pytest.mark.emulator_only
+def test_torchrun_expert_parallel_step_matches_one_process(tmp_path):
+    if not torch.distributed.is_gloo_available():
+        pytest.skip("this torch build has no gloo backend")
+    env = dict(os.environ, ACL_EMU_DEVICES=str(RANKS), ACL_SWIGLU_BACKEND="emulator", OMP_NUM_THREADS="1")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={RANKS}",
+               str(Path(torchrun_moe.__file__)), "--out", str(tmp_path)]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=180)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+
+    expected = torchrun_moe.single_process(RANKS)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(RANKS)]
+    rows = torchrun_moe.TOKENS_PER_RANK
+    for rank, got in enumerate(ranks):
+        assert got["rank"] == rank
+        torch.testing.assert_close(got["out"], expected["out"][rank * rows:(rank + 1) * rows])
+        torch.testing.assert_close(got["loss"], expected["loss"])
+        torch.testing.assert_close(got["router_grad"], expected["router_grad"])   # all_reduced
+        torch.testing.assert_close(got["w1_grad"], expected["w1_grad"][rank])     # this rank's expert
+        torch.testing.assert_close(got["w2_grad"], expected["w2_grad"][rank])
+    assert expected["w1_grad"].abs().sum() > 0 and expected["router_grad"].abs().sum() > 0
+    for rank, got in enumerate(ranks):
+        assert got["acl_device"] == rank, f"rank {rank}'s ACL work ran on device {got['acl_device']!r}"
