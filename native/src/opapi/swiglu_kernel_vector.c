@@ -309,12 +309,12 @@ INLINE vfloat pair_sums(vfloat a, vfloat b)
     return __builtin_shuffle(a, b, (vint)EVEN_LANES) + __builtin_shuffle(a, b, (vint)ODD_LANES);
 }
 
-/* tree_sum of 64 elements: the same additions in the same order, a vector at a time until
- * fewer than two vectors are left. */
-INLINE float tree_sum64(const float *v)
+/* The 64-lane tree: the same additions in the same order as tree64_scalar, a vector at a time
+ * until one vector is left. */
+INLINE float tree64_vector(const float *v)
 {
-    vfloat level[CHUNK / LANES];
-    size_t count = CHUNK / LANES;
+    vfloat level[REDUCE_LANES / LANES];
+    size_t count = REDUCE_LANES / LANES;
     for (size_t k = 0; k < count; k++) level[k] = vload(v + LANES * k);
     while (count > 1) {
         for (size_t k = 0; k < count / 2; k++) level[k] = pair_sums(level[2 * k], level[2 * k + 1]);
@@ -322,21 +322,24 @@ INLINE float tree_sum64(const float *v)
     }
     float rest[LANES];
     vstore(rest, level[0]);
-    return tree_sum(rest, LANES);
+    return tree_pow2(rest, LANES);
 }
 
-static void products_vector(const float *restrict gy, const float *restrict yo,
-                                       float *restrict products, size_t n)
+static float reduce_sum_vector(const float *acc, size_t n) { return reduce_sum_with(acc, n, tree64_vector); }
+
+/* gradWeight's products into its accumulator (exactly n written: acc holds later columns). */
+INLINE vfloat product_into(vfloat g, vfloat yo, const float *acc, int accumulate)
 {
-    for (size_t i = 0; i < n; i += LANES) vstore(products + i, vload(gy + i) * vload(yo + i));
+    vfloat p = g * yo;
+    return accumulate ? vload(acc) + p : p;
 }
 
-static size_t chunk_sums_vector(float *products, size_t n, float *restrict partials)
+static void products_vector(const float *restrict gy, const float *restrict yo, float *restrict acc, size_t n,
+                            int accumulate)
 {
-    size_t chunks = 0, c0 = 0;
-    for (; c0 + CHUNK <= n; c0 += CHUNK) partials[chunks++] = tree_sum64(products + c0);
-    if (c0 < n) partials[chunks++] = tree_sum(products + c0, n - c0);
-    return chunks;
+    size_t i = 0;
+    for (; i + LANES <= n; i += LANES) vstore(acc + i, product_into(vload(gy + i), vload(yo + i), acc + i, accumulate));
+    for (; i < n; i++) acc[i] = accumulate ? acc[i] + gy[i] * yo[i] : gy[i] * yo[i];
 }
 
 /* The whole per-element computation of docs/kernel.md on whole vectors, straight from the
@@ -350,7 +353,7 @@ INLINE size_t fused_body(aclDataType dtype, int clamp_on, int has_weight, const 
         vfloat a_orig = load_as_float(dtype, b->x0, i);
         vfloat b_orig = load_as_float(dtype, b->x1, i);
         if (has_weight) {
-            vstore(b->products + i, g * load_as_float(dtype, b->yo, i));
+            vstore(b->acc + i, product_into(g, load_as_float(dtype, b->yo, i), b->acc + i, b->accumulate));
             g = g * weight;
         }
         vfloat a = a_orig, bv = b_orig, gx0, gx1;
@@ -394,7 +397,7 @@ static void exp_block_vector(const float *in, float *out, size_t n)
     for (; i < n; i++) out[i] = device_expf(in[i]);
 }
 
-#define VECTOR_COMMON grad_vector, grad_clamped_vector, products_vector, chunk_sums_vector, scale_vector, \
+#define VECTOR_COMMON grad_vector, grad_clamped_vector, products_vector, reduce_sum_vector, scale_vector, \
     exp_block_vector
 const kernel_impl KERNEL_TABLE[3] = {
     {load_f32_vector, store_f32_vector, VECTOR_COMMON, {{fused_f32, fused_f32_w}, {fused_f32_c, fused_f32_cw}}},
