@@ -1,7 +1,9 @@
 /* Every vectorised build of the kernel this CPU runs (baseline, AVX2, AVX-512) writes the same
  * bytes as the scalar reference kernel, for every dtype, option, width (H not a multiple of the
  * vector or chunk size included) and layout, on data full of special values; and the same bytes
- * whatever the thread count. */
+ * whatever the thread count and whatever floating-point environment the caller set. */
+#define _GNU_SOURCE 1   /* feenableexcept */
+#include <fenv.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -220,11 +222,103 @@ static void flush_modes_do_not_change_results(void)
 }
 #endif
 
+/* The caller's rounding mode (and, where the CPU traps them, unmasked exceptions) must not change
+ * the bytes: every dtype with weight, clamp and groups, every variant, 1 and 3 threads, in each
+ * directed mode, against the scalar kernel in round-to-nearest; the caller's mode is put back. */
+static void rounding_modes_do_not_change_results(void)
+{
+    static const int modes[] = {FE_DOWNWARD, FE_UPWARD, FE_TOWARDZERO};
+    static const aclDataType dtypes[] = {ACL_FLOAT, ACL_FLOAT16, ACL_BF16};
+    static const swiglu_kernel_variant variants[] = {SWIGLU_KERNEL_SCALAR, SWIGLU_KERNEL_VECTOR,
+                                                     SWIGLU_KERNEL_VECTOR_BASELINE, SWIGLU_KERNEL_VECTOR_AVX2,
+                                                     SWIGLU_KERNEL_VECTOR_AVX512};
+    enum { ROWS = 300, H = 1100 };   /* enough work for 3 threads; rows split into tiles with fp32 */
+    size_t cells = (size_t)ROWS * 2 * H;
+    float *gy = malloc(cells * 2), *x = malloc(cells * 4), *yo = malloc(cells * 2), *w = malloc(ROWS * 4);
+    char *want = malloc(cells * 4), *got = malloc(cells * 4);
+    float want_gw[ROWS], got_gw[ROWS];
+    int64_t counts[2] = {ROWS / 2, ROWS / 3};
+    /* the modes are real: 1/3 rounds differently in each */
+    volatile float one = 1.0f, three = 3.0f;
+    uint32_t quotient[3];
+    for (int m = 0; m < 3; m++) {
+        fesetround(modes[m]);
+        float q = one / three;
+        memcpy(&quotient[m], &q, sizeof q);
+        fesetround(FE_TONEAREST);
+    }
+    CHECK(quotient[0] != quotient[1] && quotient[0] == quotient[2]);
+    for (size_t d = 0; d < 3; d++) {
+        aclDataType dtype = dtypes[d];
+        size_t es = dtype == ACL_FLOAT ? 4 : 2;
+        fill(gy, (size_t)ROWS * H, dtype);
+        fill(x, cells, dtype);
+        fill(yo, (size_t)ROWS * H, dtype);
+        for (int t = 0; t < ROWS; t++) w[t] = random_value();
+        swiglu_kernel_args a;
+        memset(&a, 0, sizeof a);
+        a.dtype = dtype;
+        a.rows = ROWS;
+        a.hidden = H;
+        view(&a.grad_y, gy, ROWS, H, H, 1);
+        view(&a.x, x, ROWS, 2 * H, 2 * H, 1);
+        view(&a.y_origin, yo, ROWS, H, H, 1);
+        view(&a.weight, w, ROWS, 1, 1, 1);
+        a.has_weight = 1;
+        a.clamp_on = 1;
+        a.clamp = 2.5f;
+        a.group_mode = SWIGLU_GROUPS_HOST;
+        a.group_values = counts;
+        a.group_count = 2;
+        view(&a.grad_x, want, ROWS, 2 * H, 2 * H, 1);
+        view(&a.grad_weight, want_gw, ROWS, 1, 1, 1);
+        CHECK_EQ_INT(swiglu_kernel_run(&a, 1, SWIGLU_KERNEL_SCALAR), 0);
+        view(&a.grad_x, got, ROWS, 2 * H, 2 * H, 1);
+        view(&a.grad_weight, got_gw, ROWS, 1, 1, 1);
+        for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
+            if (!swiglu_kernel_variant_available(variants[v])) continue;
+            for (int m = 0; m < 3; m++) {
+                for (int threads = 1; threads <= 3; threads += 2) {
+                    memset(got, 0xAB, cells * es);
+                    fesetround(modes[m]);
+                    feclearexcept(FE_ALL_EXCEPT);   /* a raised flag would trap as soon as it is unmasked */
+                    int trapping = feenableexcept(FE_ALL_EXCEPT) != -1;
+                    int rc = swiglu_kernel_run(&a, threads, variants[v]);
+                    int mode_after = fegetround();
+                    int traps_after = fegetexcept();
+                    if (trapping) fedisableexcept(FE_ALL_EXCEPT);
+                    fesetround(FE_TONEAREST);
+                    CHECK_EQ_INT(rc, 0);
+                    CHECK_EQ_INT(mode_after, modes[m]);
+                    if (trapping) CHECK_EQ_INT(traps_after, FE_ALL_EXCEPT);
+                    int same = memcmp(want, got, cells * es) == 0 && memcmp(want_gw, got_gw, sizeof want_gw) == 0;
+                    if (!same) {
+                        fprintf(stderr, "dtype %d variant %d rounding mode 0x%x threads %d: bytes differ from "
+                                "round-to-nearest\n", (int)dtype, (int)variants[v], modes[m], threads);
+                    }
+                    CHECK(same);
+                }
+            }
+        }
+    }
+    /* the clamp limit's conversion: 1.1 to the nearest float in every mode */
+    for (int m = 0; m < 3; m++) {
+        fesetround(modes[m]);
+        float c = swiglu_float_nearest(1.1);
+        fesetround(FE_TONEAREST);
+        uint32_t bits;
+        memcpy(&bits, &c, sizeof bits);
+        CHECK_EQ_INT(bits, 0x3F8CCCCDu);
+    }
+    free(gy); free(x); free(yo); free(w); free(want); free(got);
+}
+
 int main(void)
 {
 #if defined(__x86_64__)
     flush_modes_do_not_change_results();
 #endif
+    rounding_modes_do_not_change_results();
     static const swiglu_kernel_variant vector_builds[] = {SWIGLU_KERNEL_VECTOR_BASELINE, SWIGLU_KERNEL_VECTOR_AVX2,
                                                           SWIGLU_KERNEL_VECTOR_AVX512};
     for (size_t v = 0; v < 3; v++) {

@@ -9,24 +9,26 @@
 
 #include <stdint.h>
 
+/* The switches are compiler barriers ("memory"): no load of the kernel's inputs moves before the
+ * switch in, no store of its results after the switch back. */
 #if defined(__x86_64__)
-#include <xmmintrin.h>
 
 /* MXCSR: every exception masked (bits 7-12), round to nearest (RC, bits 13-14, zero), FTZ (bit 15)
  * and DAZ (bit 6) off, no exception flag raised. The kernel's arithmetic is all SSE/AVX, which
  * MXCSR alone controls. */
 #define FP_ENV_KERNEL_MXCSR 0x1F80u
 
-typedef unsigned int fp_env;
+typedef uint32_t fp_env;
 
 static inline fp_env fp_env_enter(void)
 {
-    fp_env saved = _mm_getcsr();
-    _mm_setcsr(FP_ENV_KERNEL_MXCSR);
+    uint32_t saved, kernel = FP_ENV_KERNEL_MXCSR;
+    __asm__ __volatile__("stmxcsr %0" : "=m"(saved) : : "memory");
+    __asm__ __volatile__("ldmxcsr %0" : : "m"(kernel) : "memory");
     return saved;
 }
 
-static inline void fp_env_leave(fp_env saved) { _mm_setcsr(saved); }
+static inline void fp_env_leave(fp_env saved) { __asm__ __volatile__("ldmxcsr %0" : : "m"(saved) : "memory"); }
 
 #elif defined(__aarch64__)
 

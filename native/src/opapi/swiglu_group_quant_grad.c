@@ -436,7 +436,7 @@ EMU_EXPORT aclnnStatus aclnnSwigluGroupQuantGradGetWorkspaceSize(
     data->abi = abi;
     /* The kernel works with c = (float)clampLimit, and clamps when c > 0 (a tiny positive
      * limit that rounds to 0 in fp32 turns it off rather than masking everything). */
-    data->clamp = (float)clampLimit;
+    data->clamp = swiglu_float_nearest(clampLimit);   /* the caller's rounding mode must not move the limit */
     data->clamp_on = clampLimit != ACLNN_SWIGLU_CLAMP_OFF && data->clamp > 0.0f;
     data->rows = rows;
     data->hidden = hidden;

@@ -160,9 +160,10 @@ int swiglu_kernel_reduce_sum(swiglu_kernel_variant variant, const float *in, siz
 
 float swiglu_float_nearest(double value)
 {
+    volatile double wide = value;   /* in memory, so that the conversion stays between the switches */
+    volatile float narrow;
     fp_env saved = fp_env_enter();
-    volatile double wide = value;   /* converted here, under the kernel's rounding */
-    float narrow = (float)wide;
+    narrow = (float)wide;
     fp_env_leave(saved);
     return narrow;
 }
