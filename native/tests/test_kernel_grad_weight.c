@@ -15,7 +15,7 @@
 
 static const swiglu_kernel_variant all_variants[] = {SWIGLU_KERNEL_SCALAR, SWIGLU_KERNEL_VECTOR,
                                                      SWIGLU_KERNEL_VECTOR_BASELINE, SWIGLU_KERNEL_VECTOR_AVX2,
-                                                     SWIGLU_KERNEL_VECTOR_AVX512};
+                                                     SWIGLU_KERNEL_VECTOR_AVX512, SWIGLU_KERNEL_VECTOR_AVX512_BF16};
 #define VARIANT_COUNT (sizeof all_variants / sizeof all_variants[0])
 
 static const float u = 0x1p-24f;   /* 1 + u rounds (half to even) back to 1 */

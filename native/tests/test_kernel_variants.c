@@ -13,7 +13,7 @@
 #include "opapi/swiglu_kernel.h"
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ULL;
-static int variants_run[4];
+static int variants_run[5];
 
 static uint64_t next_random(void)
 {
@@ -105,7 +105,8 @@ static void run_case(aclDataType dtype, int64_t rows, int64_t hidden, int step, 
     view(&a.grad_weight, gw_scalar, rows, 1, 1, 1);
     CHECK_EQ_INT(swiglu_kernel_run(&a, 1, SWIGLU_KERNEL_SCALAR), 0);
     static const swiglu_kernel_variant variants[] = {SWIGLU_KERNEL_VECTOR, SWIGLU_KERNEL_VECTOR_BASELINE,
-                                                     SWIGLU_KERNEL_VECTOR_AVX2, SWIGLU_KERNEL_VECTOR_AVX512};
+                                                     SWIGLU_KERNEL_VECTOR_AVX2, SWIGLU_KERNEL_VECTOR_AVX512,
+                                                     SWIGLU_KERNEL_VECTOR_AVX512_BF16};
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
         if (!swiglu_kernel_variant_available(variants[v])) {
             continue;
@@ -231,7 +232,7 @@ static void rounding_modes_do_not_change_results(void)
     static const aclDataType dtypes[] = {ACL_FLOAT, ACL_FLOAT16, ACL_BF16};
     static const swiglu_kernel_variant variants[] = {SWIGLU_KERNEL_SCALAR, SWIGLU_KERNEL_VECTOR,
                                                      SWIGLU_KERNEL_VECTOR_BASELINE, SWIGLU_KERNEL_VECTOR_AVX2,
-                                                     SWIGLU_KERNEL_VECTOR_AVX512};
+                                                     SWIGLU_KERNEL_VECTOR_AVX512, SWIGLU_KERNEL_VECTOR_AVX512_BF16};
     enum { ROWS = 300, H = 1100 };   /* enough work for 3 threads; rows split into tiles with fp32 */
     size_t cells = (size_t)ROWS * 2 * H;
     float *gy = malloc(cells * 2), *x = malloc(cells * 4), *yo = malloc(cells * 2), *w = malloc(ROWS * 4);
@@ -313,15 +314,57 @@ static void rounding_modes_do_not_change_results(void)
     free(gy); free(x); free(yo); free(w); free(want); free(got);
 }
 
+/* The CPU's bf16 narrowing flushes subnormals and keeps NaN payloads; the kernel must not let it
+ * do either. bf16 rows where vector k has lane k % 16 special: a subnormal gradient (gy a bf16
+ * subnormal, x0 = 1), a NaN with a payload (gy a signaling NaN), or nothing. */
+static void bf16_narrowing_special_lanes(void)
+{
+    enum { ROWS = 3, H = 16 * 48 };
+    static uint16_t gy[ROWS * H], x[ROWS * 2 * H], want[ROWS * 2 * H], got[ROWS * 2 * H];
+    for (int i = 0; i < ROWS * H; i++) {
+        int vector = (i % H) / 16, lane = (i % H) % 16;
+        gy[i] = 0x3FC0;                                                  /* 1.5 */
+        if (lane == vector % 16 && vector % 3 == 0) gy[i] = 0x000B;     /* 1.01e-39 */
+        if (lane == vector % 16 && vector % 3 == 1) gy[i] = 0x7FA1;     /* a signaling NaN */
+        x[(i / H) * 2 * H + i % H] = 0x3F80;                             /* x0 = 1 */
+        x[(i / H) * 2 * H + H + i % H] = 0xBF00 | (uint16_t)(i % 64);   /* x1 = -0.5 ... */
+    }
+    swiglu_kernel_args a;
+    memset(&a, 0, sizeof a);
+    a.dtype = ACL_BF16;
+    a.rows = ROWS;
+    a.hidden = H;
+    view(&a.grad_y, gy, ROWS, H, H, 1);
+    view(&a.x, x, ROWS, 2 * H, 2 * H, 1);
+    view(&a.grad_x, want, ROWS, 2 * H, 2 * H, 1);
+    CHECK_EQ_INT(swiglu_kernel_run(&a, 1, SWIGLU_KERNEL_SCALAR), 0);
+    int subnormal = 0, nan = 0;
+    for (int i = 0; i < ROWS * 2 * H; i++) {
+        subnormal += (want[i] & 0x7F80) == 0 && (want[i] & 0x7F) != 0;
+        nan += want[i] == 0x7FC0;
+    }
+    CHECK(subnormal >= ROWS * 16 && nan >= ROWS * 16);   /* the data reaches both kinds of lane */
+    static const swiglu_kernel_variant variants[] = {SWIGLU_KERNEL_VECTOR, SWIGLU_KERNEL_VECTOR_AVX512,
+                                                     SWIGLU_KERNEL_VECTOR_AVX512_BF16};
+    for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
+        if (!swiglu_kernel_variant_available(variants[v])) continue;
+        memset(got, 0xAB, sizeof got);
+        view(&a.grad_x, got, ROWS, 2 * H, 2 * H, 1);
+        CHECK_EQ_INT(swiglu_kernel_run(&a, 1, variants[v]), 0);
+        CHECK(memcmp(want, got, sizeof got) == 0);
+    }
+}
+
 int main(void)
 {
+    bf16_narrowing_special_lanes();
 #if defined(__x86_64__)
     flush_modes_do_not_change_results();
 #endif
     rounding_modes_do_not_change_results();
     static const swiglu_kernel_variant vector_builds[] = {SWIGLU_KERNEL_VECTOR_BASELINE, SWIGLU_KERNEL_VECTOR_AVX2,
-                                                          SWIGLU_KERNEL_VECTOR_AVX512};
-    for (size_t v = 0; v < 3; v++) {
+                                                          SWIGLU_KERNEL_VECTOR_AVX512};   /* (the bf16 one has AVX-512's exp) */
+    for (size_t v = 0; v < sizeof vector_builds / sizeof vector_builds[0]; v++) {
         if (swiglu_kernel_variant_available(vector_builds[v])) {
             exp_against_scalar(vector_builds[v]);
         }
@@ -340,7 +383,8 @@ int main(void)
     }
     /* The default and the baseline build run everywhere; say which others this CPU ran. */
     CHECK(variants_run[0] > 0 && variants_run[1] > 0);
-    printf("vector builds compared with the scalar kernel: default %d, baseline %d, avx2 %d, avx512 %d cases\n",
-           variants_run[0], variants_run[1], variants_run[2], variants_run[3]);
+    printf("vector builds compared with the scalar kernel: default %d, baseline %d, avx2 %d, avx512 %d, "
+           "avx512 with bf16 instructions %d cases\n",
+           variants_run[0], variants_run[1], variants_run[2], variants_run[3], variants_run[4]);
     return emu_test_finish("test_kernel_variants");
 }

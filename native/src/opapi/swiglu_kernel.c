@@ -111,9 +111,14 @@ static const kernel_impl *implementation(swiglu_kernel_variant variant)
                 __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
                    ? swiglu_vector_impls_avx512
                    : NULL;
+    case SWIGLU_KERNEL_VECTOR_AVX512_BF16:
+        return implementation(SWIGLU_KERNEL_VECTOR_AVX512) != NULL && __builtin_cpu_supports("avx512bf16")
+                   ? swiglu_vector_impls_avx512_bf16
+                   : NULL;
 #endif
     case SWIGLU_KERNEL_VECTOR: {
-        static const swiglu_kernel_variant widest_first[] = {SWIGLU_KERNEL_VECTOR_AVX512,
+        static const swiglu_kernel_variant widest_first[] = {SWIGLU_KERNEL_VECTOR_AVX512_BF16,
+                                                             SWIGLU_KERNEL_VECTOR_AVX512,
                                                              SWIGLU_KERNEL_VECTOR_AVX2};
         for (size_t i = 0; i < sizeof widest_first / sizeof widest_first[0]; i++) {
             const kernel_impl *impl = implementation(widest_first[i]);

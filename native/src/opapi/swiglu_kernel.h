@@ -58,7 +58,8 @@ typedef enum {
     SWIGLU_KERNEL_SCALAR = 1,          /* one element at a time: the reference the others match */
     SWIGLU_KERNEL_VECTOR_BASELINE = 2, /* 8 lanes, no instruction-set extension */
     SWIGLU_KERNEL_VECTOR_AVX2 = 3,     /* 8 lanes, x86-64 AVX2 and F16C */
-    SWIGLU_KERNEL_VECTOR_AVX512 = 4    /* 16 lanes, x86-64 AVX-512 (F, DQ, BW, VL) */
+    SWIGLU_KERNEL_VECTOR_AVX512 = 4,   /* 16 lanes, x86-64 AVX-512 (F, DQ, BW, VL) */
+    SWIGLU_KERNEL_VECTOR_AVX512_BF16 = 5 /* the same with the CPU's bf16 narrowing (AVX512_BF16) */
 } swiglu_kernel_variant;
 
 /* 1 when this build and CPU can run the variant. */

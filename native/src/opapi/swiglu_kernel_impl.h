@@ -261,6 +261,7 @@ extern const kernel_impl swiglu_vector_impls_baseline[3];
 #define SWIGLU_HAVE_X86_VARIANTS 1
 extern const kernel_impl swiglu_vector_impls_avx2[3];
 extern const kernel_impl swiglu_vector_impls_avx512[3];
+extern const kernel_impl swiglu_vector_impls_avx512_bf16[3];
 #endif
 
 #endif /* ACL_SWIGLU_SWIGLU_KERNEL_IMPL_H */
