@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "emu_test.h"
+#include "kernel_args.h"
 #include "opapi/swiglu_kernel.h"
 #include "spec_grad_weight.h"
 
@@ -287,17 +288,6 @@ static void test_reduce_signed_zeros(void)
 
 /* ---- rows through the kernel ---- */
 
-static void view(swiglu_view *v, void *data, int64_t rows, int64_t cols)
-{
-    memset(v, 0, sizeof *v);
-    v->data = data;
-    v->ndim = 2;
-    v->dims[0] = rows;
-    v->dims[1] = cols;
-    v->strides[0] = cols;
-    v->strides[1] = 1;
-}
-
 static uint16_t narrow_bits(aclDataType dtype, float f)
 {
     uint32_t b = bits_f(f);   /* exact in the dtype: the inputs below are made that way */
@@ -347,17 +337,7 @@ static int check_rows(aclDataType dtype, int clamp_on, int64_t rows, int64_t hid
         split_differs += bits_f(want[t]) != bits_f(chunk_tree_of_row(p, (size_t)hidden));
     }
     swiglu_kernel_args a;
-    memset(&a, 0, sizeof a);
-    a.dtype = dtype;
-    a.rows = rows;
-    a.hidden = hidden;
-    view(&a.grad_y, gy, rows, hidden);
-    view(&a.y_origin, yo, rows, hidden);
-    view(&a.x, x, rows, 2 * hidden);
-    view(&a.grad_x, gx, rows, 2 * hidden);
-    view(&a.weight, w, rows, 1);
-    view(&a.grad_weight, gw, rows, 1);
-    a.has_weight = 1;
+    contiguous_args(&a, dtype, rows, hidden, gy, x, yo, w, gx, gw);
     a.clamp_on = clamp_on;
     a.clamp = 3.0f;
     a.tiling = tiling;

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "emu_test.h"
+#include "kernel_args.h"
 #include "opapi/swiglu_kernel.h"
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ULL;
@@ -52,18 +53,6 @@ static void fill(void *data, size_t count, aclDataType dtype)
             memcpy((uint16_t *)data + i, &h, sizeof h);
         }
     }
-}
-
-/* A [rows, cols] view into a buffer with a row pitch and a column step. */
-static void view(swiglu_view *v, void *data, int64_t rows, int64_t cols, int64_t pitch, int64_t step)
-{
-    memset(v, 0, sizeof *v);
-    v->data = data;
-    v->ndim = 2;
-    v->dims[0] = rows;
-    v->dims[1] = cols;
-    v->strides[0] = pitch;
-    v->strides[1] = step;
 }
 
 static void run_case(aclDataType dtype, int64_t rows, int64_t hidden, int step, int clamp_on,
@@ -195,17 +184,7 @@ static void flush_modes_do_not_change_results(void)
     for (int i = 0; i < ROWS * 2 * H; i++) x[i] = (i % 2 ? 0.75f : -2.0f) + 1e-3f * (float)(i % 11);
     for (int t = 0; t < ROWS; t++) w[t] = 0.5f;
     swiglu_kernel_args a;
-    memset(&a, 0, sizeof a);
-    a.dtype = ACL_FLOAT;
-    a.rows = ROWS;
-    a.hidden = H;
-    view(&a.grad_y, gy, ROWS, H, H, 1);
-    view(&a.x, x, ROWS, 2 * H, 2 * H, 1);
-    view(&a.y_origin, yo, ROWS, H, H, 1);
-    a.has_weight = 1;
-    view(&a.weight, w, ROWS, 1, 1, 1);
-    view(&a.grad_x, want_gx, ROWS, 2 * H, 2 * H, 1);
-    view(&a.grad_weight, want_gw, ROWS, 1, 1, 1);
+    contiguous_args(&a, ACL_FLOAT, ROWS, H, gy, x, yo, w, want_gx, want_gw);
     CHECK_EQ_INT(swiglu_kernel_run(&a, 1, SWIGLU_KERNEL_SCALAR), 0);
     int subnormal = 0;
     for (int i = 0; i < ROWS * 2 * H; i++) subnormal += want_gx[i] != 0.0f && fabsf(want_gx[i]) < 1.17549435e-38f;
@@ -257,22 +236,12 @@ static void rounding_modes_do_not_change_results(void)
         fill(yo, (size_t)ROWS * H, dtype);
         for (int t = 0; t < ROWS; t++) w[t] = random_value();
         swiglu_kernel_args a;
-        memset(&a, 0, sizeof a);
-        a.dtype = dtype;
-        a.rows = ROWS;
-        a.hidden = H;
-        view(&a.grad_y, gy, ROWS, H, H, 1);
-        view(&a.x, x, ROWS, 2 * H, 2 * H, 1);
-        view(&a.y_origin, yo, ROWS, H, H, 1);
-        view(&a.weight, w, ROWS, 1, 1, 1);
-        a.has_weight = 1;
+        contiguous_args(&a, dtype, ROWS, H, gy, x, yo, w, want, want_gw);
         a.clamp_on = 1;
         a.clamp = 2.5f;
         a.group_mode = SWIGLU_GROUPS_HOST;
         a.group_values = counts;
         a.group_count = 2;
-        view(&a.grad_x, want, ROWS, 2 * H, 2 * H, 1);
-        view(&a.grad_weight, want_gw, ROWS, 1, 1, 1);
         CHECK_EQ_INT(swiglu_kernel_run(&a, 1, SWIGLU_KERNEL_SCALAR), 0);
         view(&a.grad_x, got, ROWS, 2 * H, 2 * H, 1);
         view(&a.grad_weight, got_gw, ROWS, 1, 1, 1);
@@ -330,13 +299,7 @@ static void bf16_narrowing_special_lanes(void)
         x[(i / H) * 2 * H + H + i % H] = 0xBF00 | (uint16_t)(i % 64);   /* x1 = -0.5 ... */
     }
     swiglu_kernel_args a;
-    memset(&a, 0, sizeof a);
-    a.dtype = ACL_BF16;
-    a.rows = ROWS;
-    a.hidden = H;
-    view(&a.grad_y, gy, ROWS, H, H, 1);
-    view(&a.x, x, ROWS, 2 * H, 2 * H, 1);
-    view(&a.grad_x, want, ROWS, 2 * H, 2 * H, 1);
+    contiguous_args(&a, ACL_BF16, ROWS, H, gy, x, NULL, NULL, want, NULL);
     CHECK_EQ_INT(swiglu_kernel_run(&a, 1, SWIGLU_KERNEL_SCALAR), 0);
     int subnormal = 0, nan = 0;
     for (int i = 0; i < ROWS * 2 * H; i++) {
