@@ -258,11 +258,8 @@ INLINE vfloat load_as_float(aclDataType dtype, const char *p, size_t i)
  * subnormal inputs to zero and keeps NaN payloads; vectors with such a lane take float_to_bf16v. */
 __attribute__((target("avx512bf16"))) static inline vhalf float_to_bf16v_instruction(vfloat f)
 {
-    __m512i magnitude = _mm512_and_si512((__m512i)f, _mm512_set1_epi32(0x7FFFFFFF));
-    __mmask16 subnormal = _mm512_cmplt_epu32_mask(_mm512_sub_epi32(magnitude, _mm512_set1_epi32(1)),
-                                                  _mm512_set1_epi32(0x007FFFFF));
-    __mmask16 nan = _mm512_cmpgt_epu32_mask(magnitude, _mm512_set1_epi32(0x7F800000));
-    if (__builtin_expect((subnormal | nan) != 0, 0)) {
+    /* one classification: quiet NaN (0x01), subnormal (0x20), signaling NaN (0x80) */
+    if (__builtin_expect(_mm512_fpclass_ps_mask((__m512)f, 0x01 | 0x20 | 0x80) != 0, 0)) {
         return float_to_bf16v(f);
     }
     return (vhalf)(__m256i)_mm512_cvtneps_pbh((__m512)f);
