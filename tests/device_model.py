@@ -8,6 +8,8 @@ outputs can be compared byte for byte.
 from __future__ import annotations
 
 import math
+import os
+import re
 
 import ml_dtypes
 import numpy as np
@@ -76,36 +78,98 @@ def model_exp(x) -> np.ndarray:
     return result.astype(np.float32)
 
 
-def tree_sum(v) -> np.ndarray:
-    """Adjacent-pair tree sum over the last axis (odd tail carried); empty gives +0.0."""
-    v = _f32(v)
-    n = v.shape[-1]
-    if n == 0:
-        return np.zeros(v.shape[:-1], dtype=np.float32)
-    while n > 1:
-        half = n // 2
-        s = v[..., 0 : 2 * half : 2] + v[..., 1 : 2 * half : 2]
-        if n % 2:
-            s = np.concatenate([s, v[..., n - 1 : n]], axis=-1)
-        v = s
-        n = v.shape[-1]
+# ----------------------------------------------------------------------------- gradWeight order
+# SPEC section 1: the kernel cuts a row into tiles of its unified buffer, adds the later tiles into
+# an accumulator of the first tile's length, and the 950's ReduceSum sums that accumulator.
+
+UB_AVAILABLE = 253952 - 32 - 8192
+REDUCE_MAX = 4096
+TILING_CURRENT = "current"
+TILING_9_1 = "9.1.0"  # 9.1.0 and 9.2.0-beta.1
+_RELEASE = re.compile(r"v?(\d+)\.(\d+)\.(\d+)(?:-(alpha|beta|rc)\.(\d+))?")
+_STAGES = {"alpha": 0, "beta": 1, "rc": 2, None: 3}
+
+
+def tiling_of_release(text):
+    """The tiling a release string stands for; None when it is no release of the operator."""
+    m = _RELEASE.fullmatch(text or "")
+    if not m:
+        return None
+    major, minor, patch, stage, number = m.groups()
+    key = (int(major), int(minor), int(patch), _STAGES[stage], int(number or 0))
+    if key < (9, 1, 0, 3, 0):  # the operator ships from 9.1.0
+        return None
+    return TILING_9_1 if key < (9, 2, 0, 1, 2) else TILING_CURRENT  # current from 9.2.0-beta.2
+
+
+def environment_tiling():
+    """The tiling the emulator takes from ACL_EMU_CANN_VERSION (unset or not a release: current)."""
+    return tiling_of_release(os.environ.get("ACL_EMU_CANN_VERSION", "")) or TILING_CURRENT
+
+
+def first_tile(dtype, clamp: bool, hidden: int, tiling=TILING_CURRENT) -> int:
+    """Length of the first tile of a weighted row (all of it when the row fits the UB)."""
+    narrow = np.dtype(dtype) in (np.dtype(np.float16), BF16)
+    if tiling == TILING_9_1:
+        f = 12 + 8 * clamp + 4
+    else:
+        f = 14 + 2 * narrow + 8 * clamp + 4 + 2 * narrow
+    if f * hidden * 4 + 64 <= UB_AVAILABLE:
+        return hidden
+    return max(16, (UB_AVAILABLE - 64) // (f * 4) // 16 * 16)
+
+
+def tree64(lanes) -> np.ndarray:
+    """The perfect tree of adjacent pairs over the last axis of 64 lanes."""
+    v = _f32(lanes)
+    if v.shape[-1] != 64:
+        raise ValueError("tree64 takes 64 lanes")
+    while v.shape[-1] > 1:
+        v = v[..., 0::2] + v[..., 1::2]
     return v[..., 0].astype(np.float32)
 
 
-def chunked_tree_sum(p) -> np.ndarray:
-    """gradWeight's order: tree_sum per 64-element chunk, then tree_sum over the chunk sums."""
+def _pad(v, width):
+    pad = [(0, 0)] * (v.ndim - 1) + [(0, width - v.shape[-1])]
+    return np.pad(v, pad, constant_values=ZERO)  # +0.0 lanes
+
+
+def reduce_sum(acc) -> np.ndarray:
+    """The 950's ReduceSum over the last axis (n <= 4096), rows at a time."""
+    acc = _f32(acc)
+    n = acc.shape[-1]
+    if n > REDUCE_MAX:
+        raise ValueError(f"ReduceSum of {n} > {REDUCE_MAX} elements")
+    if n <= 64:
+        return tree64(_pad(acc, 64))
+    if n <= 256:
+        rows = _pad(acc, 256).reshape(acc.shape[:-1] + (4, 64))
+        present = np.arange(256).reshape(4, 64) < n
+        lanes = np.where(present[1], rows[..., 0, :] + rows[..., 1, :], rows[..., 0, :])
+        if n > 128:
+            upper = np.where(present[3], rows[..., 2, :] + rows[..., 3, :], rows[..., 2, :])
+            lanes = np.where(present[2], lanes + upper, lanes) if n <= 192 else lanes + upper
+        return tree64(lanes)
+    chunks = -(-n // 64)
+    sums = tree64(_pad(acc, 64 * chunks).reshape(acc.shape[:-1] + (chunks, 64)))
+    return tree64(_pad(sums, 64))
+
+
+def accumulate_tiles(p, tile: int) -> np.ndarray:
+    """acc = the first tile of p, then each later tile added in order into acc's head."""
     p = _f32(p)
     h = p.shape[-1]
-    lead = p.shape[:-1]
-    parts = []
-    full = h // 64
-    if full:
-        parts.append(tree_sum(p[..., : full * 64].reshape(lead + (full, 64))))
-    if h % 64:
-        parts.append(tree_sum(p[..., full * 64 :])[..., None])
-    if not parts:
-        return np.zeros(lead, dtype=np.float32)
-    return tree_sum(np.concatenate(parts, axis=-1))
+    acc = p[..., :tile].copy()
+    for start in range(tile, h, max(tile, 1)):
+        part = p[..., start : start + tile]
+        acc[..., : part.shape[-1]] = acc[..., : part.shape[-1]] + part
+    return acc
+
+
+def grad_weight_sum(p, dtype, clamp: bool, tiling=TILING_CURRENT) -> np.ndarray:
+    """gradWeight's order over the last axis of the products p = gy * yOrigin."""
+    tile = first_tile(dtype, clamp, p.shape[-1], tiling)
+    return reduce_sum(accumulate_tiles(p, tile))
 
 
 def widen(a) -> np.ndarray:
@@ -166,8 +230,10 @@ def trunc_of(group_index, rows: int) -> int:
     return min(total, rows)
 
 
-def swiglu_group_quant_grad_model(grad_y, x, weight=None, y_origin=None, group_index=None, clamp_limit=None):
-    """The exact bits the emulator produces: (grad_x in x's dtype, grad_weight float32 or None)."""
+def swiglu_group_quant_grad_model(grad_y, x, weight=None, y_origin=None, group_index=None, clamp_limit=None,
+                                  tiling=None):
+    """The exact bits the emulator produces: (grad_x in x's dtype, grad_weight float32 or None).
+    tiling: TILING_CURRENT or TILING_9_1; None takes it from ACL_EMU_CANN_VERSION as the emulator does."""
     h = x.shape[-1] // 2
     rows = math.prod(x.shape[:-1])
     trunc = trunc_of(group_index, rows)
@@ -177,18 +243,18 @@ def swiglu_group_quant_grad_model(grad_y, x, weight=None, y_origin=None, group_i
     x1 = x2[:, h:]
 
     grad_w = None
+    # The kernel clamps with c = float32(clamp_limit), and only when c > 0.
+    c = F32(clamp_limit) if clamp_limit is not None else ZERO
+    clamp = bool(c > ZERO)
     with np.errstate(all="ignore"):
         if weight is not None:
             w = np.asarray(weight, dtype=np.float32).reshape(rows)[:trunc]
             yo = widen(y_origin).reshape(rows, h)[:trunc]
             p = gy * yo
             gw = np.zeros(rows, dtype=np.float32)
-            gw[:trunc] = chunked_tree_sum(p)
+            gw[:trunc] = grad_weight_sum(p, x.dtype, clamp, tiling or environment_tiling())
             grad_w = canonical_f32(gw).reshape(weight.shape)
             gy = gy * w[:, None]
-        # The kernel clamps with c = float32(clamp_limit), and only when c > 0.
-        c = F32(clamp_limit) if clamp_limit is not None else ZERO
-        clamp = bool(c > ZERO)
         if clamp:
             a = np.minimum(x0, c)
             b = np.minimum(np.maximum(x1, -c), c)

@@ -72,44 +72,305 @@ def test_model_exp_is_float32_only():
         M.model_exp(np.array([1.0]))
 
 
-# ----------------------------------------------------------------------------- tree sum
+# ----------------------------------------------------------------------------- gradWeight order
+# Expected orders written here from the text of SPEC section 1, one float32 addition at a time,
+# independently of the vectorised model.
+
+U = F32(2.0**-24)  # 1 + U rounds (half to even) back to 1
+ONE_2U = 0x3F800001  # 1 + 2U
+ONE_4U = 0x3F800002  # 1 + 4U
 
 
-def test_tree_sum_pairwise_order_differs_from_sequential():
-    v = np.array([1e8, 1.0, -1e8, 1.0], F32)
-    seq = F32(0)
-    for a in v:
-        seq = F32(seq + a)
-    assert seq == 1.0  # (((1e8 + 1) - 1e8) + 1) in fp32
-    assert M.tree_sum(v) == 0.0  # (1e8 + 1) + (-1e8 + 1) = 1e8 - 1e8
+def add(a, b):
+    return F32(F32(a) + F32(b))
 
 
-def test_tree_sum_odd_carry_and_ties():
-    # [2^24, 1, 1, 1, 1] -> [2^24, 2, 1] -> [2^24 + 2, 1] -> 2^24 + 3, a tie, rounds to even 2^24 + 4.
-    v = np.array([2.0**24, 1, 1, 1, 1], F32)
-    assert M.tree_sum(v) == 2.0**24 + 4
-    assert M.tree_sum(np.array([1, 2, 3], F32)) == 6.0
-    assert M.tree_sum(np.array([7.5], F32)) == 7.5
-    empty = M.tree_sum(np.zeros((3, 0), F32))
-    assert empty.shape == (3,) and all(is_pos_zero(v) for v in empty)
-    rows = M.tree_sum(np.array([[1e8, 1, -1e8, 1], [1, 2, 3, 4]], F32))
-    assert rows.tolist() == [0.0, 10.0]
+def spec_tree64(v, lo=0, width=64):
+    """The tree over lanes [lo, lo + width) of 64; lanes past the data are +0.0."""
+    if width == 1:
+        return F32(v[lo]) if lo < len(v) else F32(0.0)
+    return add(spec_tree64(v, lo, width // 2), spec_tree64(v, lo + width // 2, width // 2))
 
 
-def test_grad_weight_chunks_of_64_then_tree():
-    # p = [2^25, 1 x 64], H = 65. Chunk 0: level 1 loses p[1] (2^25 + 1 -> 2^25), level 2 loses 2
-    # (2^25 + 2 ties to even 2^25), then exact: 2^25 + 60. Chunk 1 = 1. 2^25 + 61 -> 2^25 + 60.
-    # Sequential fp32 would give 2^25, the exact sum is 2^25 + 64.
-    H = 65
-    yo = np.ones((1, H), F32)
-    yo[0, 0] = 2.0**25
-    gy = np.ones((1, H), F32)
-    x = np.zeros((1, 2 * H), F32)
-    w = np.ones((1, 1), F32)
-    _, gw = M.swiglu_group_quant_grad_model(gy, x, w, yo)
-    assert gw.dtype == np.float32 and gw[0, 0] == 2.0**25 + 60
-    _, rw = R.swiglu_group_quant_grad(gy, x, w, yo)
-    assert rw[0, 0] == 2.0**25 + 64
+def spec_reduce_sum(acc):
+    n = len(acc)
+    assert n <= 4096
+    if n <= 64:
+        return spec_tree64(acc)
+    if n > 256:  # the tree of each 64-element chunk, then the tree of the chunk sums
+        return spec_tree64([spec_tree64(acc[c0 : c0 + 64]) for c0 in range(0, n, 64)])
+    lanes = []
+    for i in range(64):
+        if n <= 128:
+            lane = add(acc[i], acc[64 + i]) if 64 + i < n else F32(acc[i])
+        elif n <= 192:
+            low = add(acc[i], acc[64 + i])
+            lane = add(low, acc[128 + i]) if 128 + i < n else low
+        else:
+            low = add(acc[i], acc[64 + i])
+            high = add(acc[128 + i], acc[192 + i]) if 192 + i < n else F32(acc[128 + i])
+            lane = add(low, high)
+        lanes.append(lane)
+    return spec_tree64(lanes)
+
+
+def spec_grad_weight(p, tile):
+    acc = [F32(v) for v in p[:tile]]
+    for start in range(tile, len(p), tile):
+        for j, v in enumerate(p[start : start + tile]):
+            acc[j] = add(acc[j], v)
+    return spec_reduce_sum(acc)
+
+
+def old_chunk_order(p):
+    """The order the emulator used before it followed the device: 64-chunk trees of the whole
+    row, then an odd-carry tree over the chunk sums."""
+    sums = [spec_tree64(p[c0 : c0 + 64]) for c0 in range(0, len(p), 64)]
+    while len(sums) > 1:
+        pairs = [add(sums[2 * i], sums[2 * i + 1]) for i in range(len(sums) // 2)]
+        sums = pairs + (sums[-1:] if len(sums) % 2 else [])
+    return sums[0] if sums else F32(0.0)
+
+
+def wide_values(rng, shape):
+    """Values over 24 binades with random signs: the order of additions shows in the bits."""
+    return (rng.uniform(-0.5, 0.5, shape) * np.exp2(rng.integers(-12, 12, shape))).astype(F32)
+
+
+REDUCE_SHAPES = [1, 2, 63, 64, 65, 100, 128, 129, 150, 192, 193, 200, 256, 257, 300, 2032, 3408, 4095, 4096]
+
+
+@pytest.mark.parametrize("n", REDUCE_SHAPES)
+def test_reduce_sum_each_shape_against_spec_text(n):
+    rng = np.random.default_rng(n)
+    acc = wide_values(rng, (30, n))
+    got = M.reduce_sum(acc)
+    want = np.array([spec_reduce_sum(list(row)) for row in acc], F32)
+    assert got.dtype == np.float32 and got.shape == (30,)
+    np.testing.assert_array_equal(bits32(got), bits32(want))
+    if 64 < n <= 256:  # the lane folding is not the chunk order of before
+        assert sum(bits32(w) != bits32(old_chunk_order(list(row))) for w, row in zip(want, acc)) >= 3
+
+
+def _hand(n, **at):
+    v = np.zeros(n, F32)
+    for index, value in at.items():
+        v[int(index[1:])] = value
+    return v
+
+
+# (n, the nonzero elements, expected bits, the chunk order's bits or None when it agrees)
+HAND_SUMS = [
+    (1, {"a0": 1.5}, 0x3FC00000, None),
+    # ((1 + U) + (U + U)) + 0 ... = 1 + 2U; left to right would give 1
+    (64, {"a0": 1, "a1": U, "a2": U, "a3": U}, ONE_2U, None),
+    # lanes {1 + U = 1, U, U, U}: 1 + 2U; chunks (1 + 2U) + U = 1 + 3U, a tie: 1 + 4U
+    (65, {"a0": 1, "a1": U, "a2": U, "a3": U, "a64": U}, ONE_2U, ONE_4U),
+    # lane 0 = 1 + -1 = 0, lane 1 = U: U; chunks: 1 + U = 1, then 1 + -1 = 0
+    (128, {"a0": 1, "a1": U, "a64": -1}, 0x33800000, 0),
+    # lane 0 = (1 + 0) + -1 = 0, lane 1 = U; chunks 1, 0, -1: 0
+    (129, {"a0": 1, "a1": U, "a128": -1}, 0x33800000, 0),
+    (192, {"a0": 1, "a1": U, "a128": -1}, 0x33800000, 0),
+    # lane 0 = (1 + 0) + (-1 + 0) = 0, lane 1 = (U + 0) + 0 = U
+    (193, {"a0": 1, "a1": U, "a128": -1}, 0x33800000, 0),
+    # four rows of lanes grouped in pairs: (1 + U) + (U + U) = 1 + 2U
+    (256, {"a0": 1, "a64": U, "a128": U, "a192": U}, ONE_2U, None),
+    # 129..192 has three rows: (1 + U) + U = 1
+    (192, {"a0": 1, "a64": U, "a128": U}, 0x3F800000, None),
+    # chunk sums {1, U, U, U, +0}: (1 + U) + (U + U) = 1 + 2U
+    (257, {"a0": 1, "a64": U, "a128": U, "a192": U}, ONE_2U, None),
+    (4096, {"a0": 1, "a64": U, "a128": U, "a192": U}, ONE_2U, None),
+    # chunk 63 sums to 2U and meets chunk 0's 1 at the top
+    (4096, {"a0": 1, "a4032": U, "a4033": U}, ONE_2U, None),
+]
+
+
+@pytest.mark.parametrize("n, at, want, chunk_order", HAND_SUMS)
+def test_reduce_sum_by_hand(n, at, want, chunk_order):
+    v = _hand(n, **at)
+    assert int(bits32(M.reduce_sum(v))) == want
+    assert int(bits32(spec_reduce_sum(list(v)))) == want
+    assert int(bits32(old_chunk_order(list(v)))) == (want if chunk_order is None else chunk_order)
+
+
+# All products -0.0: a -0.0 lane meeting a +0.0 padding lane gives +0.0; lanes all -0.0 stay -0.0.
+SIGNED_ZEROS = [(1, 0), (63, 0), (64, 0x80000000), (65, 0x80000000), (128, 0x80000000), (129, 0x80000000),
+                (192, 0x80000000), (193, 0x80000000), (256, 0x80000000), (257, 0), (320, 0), (4032, 0),
+                (4096, 0x80000000)]
+
+
+@pytest.mark.parametrize("n, want", SIGNED_ZEROS)
+def test_reduce_sum_signed_zeros_meet_positive_padding(n, want):
+    v = np.full((2, n), -0.0, F32)
+    v[1, n // 2] = 0.0  # one +0.0 anywhere makes the sum +0.0
+    got = bits32(M.reduce_sum(v))
+    assert int(got[0]) == want and int(bits32(spec_reduce_sum(list(v[0])))) == want
+    assert int(got[1]) == 0
+
+
+def test_reduce_sum_refuses_more_than_4096():
+    with pytest.raises(ValueError):
+        M.reduce_sum(np.zeros(4097, F32))
+
+
+# (dtype, clamp, H, tiling, first tile): avail = 253952 - 32 - 8192 = 245728; one tile while
+# f*H*4 + 64 <= avail, else floor((avail - 64) / (4f)) down to a multiple of 16.
+TILES = [
+    (BF16, True, 2047, M.TILING_CURRENT, 2047),  # f = 30: 30*2047*4 + 64 = 245704 fits
+    (BF16, True, 2048, M.TILING_CURRENT, 2032),  # 245664 / 120 = 2047 -> 2032: 2032 + 16
+    (BF16, True, 2560, M.TILING_CURRENT, 2032),  # 2032 + 528
+    (BF16, True, 4096, M.TILING_CURRENT, 2032),  # 2032 + 2032 + 32
+    (np.float16, True, 4096, M.TILING_CURRENT, 2032),
+    (BF16, False, 4096, M.TILING_CURRENT, 2784),  # f = 22: 2791 -> 2784
+    (F32, False, 3412, M.TILING_CURRENT, 3412),  # f = 18: 3412 fits
+    (F32, False, 4096, M.TILING_CURRENT, 3408),  # 3408 + 688
+    (F32, True, 4096, M.TILING_CURRENT, 2352),  # f = 26: 2362 -> 2352
+    (BF16, True, 2048, M.TILING_9_1, 2048),  # f = 24: fits
+    (BF16, True, 2560, M.TILING_9_1, 2544),  # 2559 -> 2544: 2544 + 16
+    (F32, False, 4096, M.TILING_9_1, 3824),  # f = 16: 3838 -> 3824: 3824 + 272
+    (BF16, False, 4096, M.TILING_9_1, 3824),  # no dtype terms in 9.1.0
+    (BF16, True, 2**40, M.TILING_CURRENT, 2032),
+]
+
+
+@pytest.mark.parametrize("dtype, clamp, hidden, tiling, tile", TILES)
+def test_first_tile(dtype, clamp, hidden, tiling, tile):
+    assert M.first_tile(dtype, clamp, hidden, tiling) == tile
+
+
+RELEASES = [("9.1.0", M.TILING_9_1), ("v9.1.0", M.TILING_9_1), ("9.1.1", M.TILING_9_1),
+            ("9.2.0-beta.1", M.TILING_9_1), ("9.2.0-beta.2", M.TILING_CURRENT), ("9.2.0-rc.1", M.TILING_CURRENT),
+            ("9.2.0", M.TILING_CURRENT), ("10.0.0", M.TILING_CURRENT), ("9.1.0-rc.1", None), ("8.5.0", None),
+            ("", None), ("9.2", None), ("9.2.0-beta", None), ("9.2.0beta1", None), ("latest", None)]
+
+
+@pytest.mark.parametrize("text, tiling", RELEASES)
+def test_tiling_of_release(text, tiling):
+    assert M.tiling_of_release(text) == tiling
+
+
+# (dtype, clamp, H, tiling): every split case of SPEC section 1 and the 9.1.0 factors
+SPLITS = [(BF16, True, 2048, M.TILING_CURRENT), (BF16, True, 2560, M.TILING_CURRENT),
+          (BF16, True, 4096, M.TILING_CURRENT), (np.float16, True, 2048, M.TILING_CURRENT),
+          (np.float16, True, 2560, M.TILING_CURRENT), (np.float16, True, 4096, M.TILING_CURRENT),
+          (F32, None, 4096, M.TILING_CURRENT), (BF16, True, 2560, M.TILING_9_1), (F32, None, 4096, M.TILING_9_1)]
+SPLIT_IDS = [f"{np.dtype(d).name}-{'clamp' if c else 'noclamp'}-H{h}-{t}" for d, c, h, t in SPLITS]
+
+
+def _split_inputs(dtype, hidden, rows, seed):
+    rng = np.random.default_rng(seed)
+    gy = wide_values(rng, (rows, hidden)).astype(dtype)
+    yo = wide_values(rng, (rows, hidden)).astype(dtype)
+    x = rng.uniform(-3, 3, (rows, 2 * hidden)).astype(dtype)
+    w = rng.uniform(0.5, 1.5, (rows, 1)).astype(F32)
+    return gy, x, w, yo
+
+
+@pytest.mark.parametrize("dtype, clamp, hidden, tiling", SPLITS, ids=SPLIT_IDS)
+def test_model_split_rows_against_spec_text(dtype, clamp, hidden, tiling):
+    gy, x, w, yo = _split_inputs(dtype, hidden, 12, hidden)
+    _, gw = M.swiglu_group_quant_grad_model(gy, x, w, yo, None, 2.0 if clamp else None, tiling=tiling)
+    tile = M.first_tile(dtype, bool(clamp), hidden, tiling)
+    assert tile < hidden
+    p = M.widen(gy) * M.widen(yo)
+    want = [spec_grad_weight(list(row), tile) for row in p]
+    np.testing.assert_array_equal(bits32(gw[:, 0]), bits32(np.array(want, F32)))
+    assert sum(bits32(a) != bits32(old_chunk_order(list(row))) for a, row in zip(want, p)) >= 3
+
+
+def test_model_split_row_by_hand():
+    # bf16 + weight + clamp, H = 2048 (2032 + 16); products 1 at 0, U at 2, 3, 2032, 2033.
+    # Split: acc = {1 + U = 1, U, U, U}: (1 + U) + (U + U) = 1 + 2U. One tile would give chunk 0 =
+    # 1 + 2U and chunk 31 = 2U: 1 + 4U.
+    H = 2048
+    gy = np.zeros((1, H), F32)
+    gy[0, 0] = 1.0
+    gy[0, [2, 3, 2032, 2033]] = U
+    for dtype in (BF16, np.float16):
+        args = (gy.astype(dtype), np.zeros((1, 2 * H), dtype), np.ones((1, 1), F32), np.ones((1, H), dtype))
+        _, gw = M.swiglu_group_quant_grad_model(*args, None, 2.0, tiling=M.TILING_CURRENT)
+        assert int(bits32(gw[0, 0])) == ONE_2U
+        _, gw_9_1 = M.swiglu_group_quant_grad_model(*args, None, 2.0, tiling=M.TILING_9_1)  # one tile there
+        assert int(bits32(gw_9_1[0, 0])) == ONE_4U
+    # all products -0.0 through the split: n = 2032 ends in a padded chunk, so +0.0
+    gy = np.full((1, H), -1.0, BF16)
+    _, gw = M.swiglu_group_quant_grad_model(gy, np.zeros((1, 2 * H), BF16), np.ones((1, 1), F32),
+                                            np.zeros((1, H), BF16), None, 2.0, tiling=M.TILING_CURRENT)
+    assert is_pos_zero(gw[0, 0])
+
+
+def test_model_tiling_from_environment(monkeypatch):
+    gy, x, w, yo = _split_inputs(BF16, 2560, 4, 1)
+    current = M.swiglu_group_quant_grad_model(gy, x, w, yo, None, 2.0, tiling=M.TILING_CURRENT)[1]
+    old = M.swiglu_group_quant_grad_model(gy, x, w, yo, None, 2.0, tiling=M.TILING_9_1)[1]
+    assert (bits32(current) != bits32(old)).any()
+    for value, want in (("9.2.0-beta.1", old), ("9.2.0", current), ("not a release", current)):
+        monkeypatch.setenv("ACL_EMU_CANN_VERSION", value)
+        np.testing.assert_array_equal(bits32(M.swiglu_group_quant_grad_model(gy, x, w, yo, None, 2.0)[1]),
+                                      bits32(want))
+    monkeypatch.delenv("ACL_EMU_CANN_VERSION")
+    np.testing.assert_array_equal(bits32(M.swiglu_group_quant_grad_model(gy, x, w, yo, None, 2.0)[1]),
+                                  bits32(current))
+
+
+@pytest.mark.parametrize("dtype, clamp, hidden, tiling", [s for s in SPLITS if s[3] == M.TILING_CURRENT],
+                         ids=[i for s, i in zip(SPLITS, SPLIT_IDS) if s[3] == M.TILING_CURRENT])
+def test_emulator_split_rows_equal_model(dtype, clamp, hidden, tiling):
+    import acl_swiglu
+
+    gy, x, w, yo = _split_inputs(dtype, hidden, 3, hidden + 7)
+    gx, gw = acl_swiglu.swiglu_group_quant_grad(gy, x, w, yo, None, 2.0 if clamp else None)
+    mx, mw = M.swiglu_group_quant_grad_model(gy, x, w, yo, None, 2.0 if clamp else None, tiling=tiling)
+    np.testing.assert_array_equal(bits32(gw), bits32(mw))
+    assert gx.tobytes() == mx.tobytes()
+
+
+_RELEASE_CHILD = """
+import sys, numpy as np
+sys.path.insert(0, sys.argv[1])
+import test_device_model as T, device_model as M, acl_swiglu
+out = []
+for index, (dtype, clamp, hidden, _) in enumerate(T.SPLITS):
+    gy, x, w, yo = T._split_inputs(dtype, hidden, 2, hidden + 11)
+    gw = acl_swiglu.swiglu_group_quant_grad(gy, x, w, yo, None, 2.0 if clamp else None)[1]
+    for t in (M.TILING_CURRENT, M.TILING_9_1):
+        mw = M.swiglu_group_quant_grad_model(gy, x, w, yo, None, 2.0 if clamp else None, tiling=t)[1]
+        out.append(f"{index}:{t}:{int(np.array_equal(gw.view(np.uint32), mw.view(np.uint32)))}")
+print(" ".join(out))
+"""
+
+
+@pytest.mark.parametrize("release, tiling", [("9.1.0", M.TILING_9_1), ("9.2.0-beta.1", M.TILING_9_1),
+                                             ("9.2.0", M.TILING_CURRENT), (None, M.TILING_CURRENT)])
+def test_emulator_follows_ACL_EMU_CANN_VERSION(release, tiling, tmp_path):
+    import subprocess
+
+    env = dict(os.environ)
+    env.pop("ACL_EMU_CANN_VERSION", None)
+    if release is not None:
+        env["ACL_EMU_CANN_VERSION"] = release
+    # cwd elsewhere, so that the child imports the installed package, not the source tree
+    result = subprocess.run([sys.executable, "-c", _RELEASE_CHILD, os.path.dirname(os.path.abspath(__file__))],
+                            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    matches = {(int(i), t): m == "1" for i, t, m in (item.split(":") for item in result.stdout.split())}
+    assert all(matches[(i, tiling)] for i in range(len(SPLITS))), result.stdout
+    # ... and the other release's tiling is really another order on these rows
+    other = M.TILING_9_1 if tiling == M.TILING_CURRENT else M.TILING_CURRENT
+    assert sum(not matches[(i, other)] for i in range(len(SPLITS))) >= 5, result.stdout
+
+
+def test_emulator_ignores_a_bad_ACL_EMU_CANN_VERSION_with_a_message(tmp_path):
+    import subprocess
+
+    code = ("import numpy as np, acl_swiglu; "
+            "acl_swiglu.swiglu_group_quant_grad(np.ones((1, 8), np.float32), np.ones((1, 16), np.float32), "
+            "np.ones((1, 1), np.float32), np.ones((1, 8), np.float32))")
+    env = dict(os.environ, ACL_EMU_CANN_VERSION="8.0.RC1")
+    result = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "ignoring ACL_EMU_CANN_VERSION=8.0.RC1" in result.stderr
 
 
 def test_grad_weight_h_zero_is_positive_zero():

@@ -4,8 +4,8 @@
  * FLOAT, FLOAT16 and BF16.
  *
  * Expected values come from two sources that do not share code with the emulator:
- *  - ref_*: docs/kernel.md followed step by step in fp32 (own device_exp, own tree sum written
- *    recursively, own conversions computed through double), compared bit for bit;
+ *  - ref_*: docs/kernel.md followed step by step in fp32 (own device_exp, gradWeight's order from
+ *    spec_grad_weight.h, own conversions computed through double), compared bit for bit;
  *  - literals worked out by hand or in double precision, compared exactly where the math is
  *    exact (x0 = 0 gives e = 1, s = 0.5) and with a tolerance elsewhere.
  */
@@ -20,6 +20,7 @@
 #include "aclnnop/aclnn_swiglu_group_quant_grad.h"
 #include "acl_emu/acl_emu.h"
 #include "emu_test.h"
+#include "spec_grad_weight.h"
 
 #define MAX_DIMS 8
 
@@ -196,32 +197,6 @@ static float ref_device_exp(float x)
 static float nan_min(float a, float b) { return isnan(a) ? a : isnan(b) ? b : (a < b ? a : b); }
 static float nan_max(float a, float b) { return isnan(a) ? a : isnan(b) ? b : (a > b ? a : b); }
 
-/* The adjacent-pair tree: its top split is at the largest power of two below n. */
-static float ref_tree(const float *v, size_t n)
-{
-    if (n == 0) return 0.0f;
-    if (n == 1) return v[0];
-    size_t half = 1;
-    while (half * 2 < n) half *= 2;
-    float left = ref_tree(v, half);
-    float right = ref_tree(v + half, n - half);
-    return left + right;
-}
-
-/* 64-element chunks, each reduced with the tree, then the chunk sums with the tree. */
-static float ref_gradweight_sum(const float *p, size_t n)
-{
-    size_t chunks = (n + 63) / 64;
-    float *partial = malloc((chunks ? chunks : 1) * sizeof *partial);
-    for (size_t k = 0; k < chunks; k++) {
-        size_t len = n - 64 * k < 64 ? n - 64 * k : 64;
-        partial[k] = ref_tree(p + 64 * k, len);
-    }
-    float s = ref_tree(partial, chunks);
-    free(partial);
-    return s;
-}
-
 static float left_to_right(const float *p, size_t n)
 {
     float s = 0.0f;
@@ -231,6 +206,7 @@ static float left_to_right(const float *p, size_t n)
 
 typedef struct {
     int64_t T, H, trunc;
+    int narrow_dtype;             /* fp16 or bf16: the tiling counts it */
     const float *gy, *x, *yo, *w; /* widened inputs, contiguous; w NULL = no weight */
     int clamp_on;
     float c;
@@ -280,7 +256,7 @@ static void ref_compute(const ref_args *a)
             gx_row[h] = gx0;
             gx_row[H + h] = gx1;
         }
-        if (a->w) a->gw[t] = ref_gradweight_sum(p, (size_t)H);
+        if (a->w) a->gw[t] = spec_grad_weight(p, H, spec_first_tile(a->narrow_dtype, 1, a->clamp_on, H, 0));
     }
     free(p);
 }
@@ -600,7 +576,7 @@ static void reference_for(const op_case *c, float **gx, float **gw)
     for (int64_t i = 0; c->yo && i < T * H; i++) yoq[i] = quantize(c->dtype, c->yo[i]);
     *gx = calloc((size_t)(T * 2 * H + 1), sizeof(float));
     *gw = calloc((size_t)(T + 1), sizeof(float));
-    ref_args a = {T, H, expected_trunc(c), gyq, xq, c->w ? yoq : NULL, c->w, clamp_on_for(c),
+    ref_args a = {T, H, expected_trunc(c), c->dtype != ACL_FLOAT, gyq, xq, c->w ? yoq : NULL, c->w, clamp_on_for(c),
                   (float)c->clamp, *gx, *gw};
     ref_compute(&a);
     free(gyq);
@@ -1410,8 +1386,8 @@ static void test_empty(void)
     }
 }
 
-/* gradWeight's order: 64-element chunks by the adjacent-pair tree, then the tree over the
- * chunk sums. Products chosen so that the tree and a left-to-right sum differ. */
+/* gradWeight's order through the whole operator (SPEC section 1's ReduceSum, rows of one tile).
+ * Products chosen so that the order and a left-to-right sum differ. */
 static void test_gradweight_order(void)
 {
     const float u = 0x1p-24f; /* 1 + u rounds (half to even) back to 1 */
@@ -1427,7 +1403,7 @@ static void test_gradweight_order(void)
             out_free(&o);
         }
     }
-    /* H = 256: chunk sums 1, u, u, u: (1 + u) + (u + u) = 1 + 2u; chunks added in order give 1 */
+    /* H = 256: lane 0 is (1 + u) + (u + u) = 1 + 2u, the other lanes 0; left to right gives 1 */
     {
         float gy[256] = {0}, yo[256], x[512] = {0}, w[1] = {1.0f};
         for (int h = 0; h < 256; h++) yo[h] = 1.0f;
@@ -1436,7 +1412,7 @@ static void test_gradweight_order(void)
         inputs in = {gy, x, yo, w};
         op_case c = base_case(ACL_FLOAT, 1, 256, &in);
         op_out o;
-        check_case(&c, "gradWeight tree over chunks", &o);
+        check_case(&c, "gradWeight lanes of 256", &o);
         if (o.gx) CHECK_EQ_INT(bits_f(o.gw[0]), 0x3F800001u);
         CHECK_EQ_INT(bits_f(left_to_right(gy, 256)), 0x3F800000u);
         out_free(&o);
@@ -1456,7 +1432,7 @@ static void test_gradweight_order(void)
         float *p = malloc((size_t)H * sizeof *p);
         for (int64_t t = 0; t < T; t++) {
             for (int64_t h = 0; h < H; h++) p[h] = in.gy[t * H + h] * in.yo[t * H + h];
-            if (bits_f(left_to_right(p, (size_t)H)) != bits_f(ref_gradweight_sum(p, (size_t)H))) differs++;
+            if (bits_f(left_to_right(p, (size_t)H)) != bits_f(spec_grad_weight(p, H, H))) differs++;
         }
         CHECK(differs > 0); /* the data tells the orders apart */
         free(p);

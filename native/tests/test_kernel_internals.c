@@ -365,63 +365,55 @@ static float sum_left_to_right(const float *v, size_t n)
     return s;
 }
 
-static float tree_of_copy(const float *v, size_t n)
+static float tree64_of(const float *v, size_t n)
 {
-    float copy[256];
-    memcpy(copy, v, n * sizeof *v);
-    return tree_sum(copy, n);
+    float lanes[64] = {0};   /* +0.0 past the data */
+    memcpy(lanes, v, n * sizeof *v);
+    return tree64_scalar(lanes);
 }
 
-static void test_tree_sum(void)
+/* The 64-lane tree: a perfect binary tree of adjacent pairs (the recursive halves of 64 are the
+ * adjacent pairs of each level), lanes past the data +0.0. */
+static void test_tree64(void)
 {
-    float v[256];
+    float v[64];
     const float u = 0x1p-24f;
-    CHECK_EQ_INT(bits_of(tree_sum(v, 0)), 0); /* the empty sum is +0 */
+    memset(v, 0, sizeof v);
+    CHECK_EQ_INT(bits_of(tree64_of(v, 0)), 0);
     v[0] = -0.0f;
-    CHECK_EQ_INT(bits_of(tree_of_copy(v, 1)), 0x80000000u);
+    CHECK_EQ_INT(bits_of(tree64_of(v, 1)), 0); /* -0 meets a +0 lane: +0 */
+    for (int i = 0; i < 64; i++) v[i] = -0.0f;
+    CHECK_EQ_INT(bits_of(tree64_of(v, 64)), 0x80000000u); /* all 64 lanes -0: -0 */
     v[0] = 3.5f;
-    CHECK_EQ_INT(bits_of(tree_of_copy(v, 1)), bits_of(3.5f));
+    CHECK_EQ_INT(bits_of(tree64_of(v, 1)), bits_of(3.5f));
     v[0] = NAN;
-    CHECK(isnan(tree_of_copy(v, 1)));
-    v[0] = 1.0f;
-    v[1] = u;
-    CHECK_EQ_INT(bits_of(tree_of_copy(v, 2)), bits_of(1.0f)); /* 1 + 2^-24: tie to even */
+    CHECK(isnan(tree64_of(v, 1)));
     v[0] = 1.0f;
     v[1] = u;
     v[2] = u;
-    CHECK_EQ_INT(bits_of(tree_of_copy(v, 3)), bits_of(1.0f)); /* (1 + u) + u, not 1 + (u + u) */
+    CHECK_EQ_INT(bits_of(tree64_of(v, 3)), bits_of(1.0f)); /* (1 + u) + (u + 0), each rounding to even */
     v[0] = u;
     v[1] = u;
     v[2] = 1.0f;
-    CHECK_EQ_INT(bits_of(tree_of_copy(v, 3)), bits_of(1.0f + 2 * u)); /* (u + u) + 1 */
-    /* 63, 64, 65: against the recursive form, on data where the order shows */
-    static const size_t sizes[] = {63, 64, 65};
+    CHECK_EQ_INT(bits_of(tree64_of(v, 3)), bits_of(1.0f + 2 * u)); /* (u + u) + 1 */
     uint64_t state = 12345;
-    for (size_t k = 0; k < 3; k++) {
-        size_t n = sizes[k];
-        int differs = 0;
-        for (int trial = 0; trial < 200; trial++) {
-            for (size_t i = 0; i < n; i++) {
-                state = state * 6364136223846793005ULL + 1442695040888963407ULL;
-                int e = (int)((state >> 33) % 30) - 15;
-                float m = (float)((double)(state >> 40) / (double)(1ULL << 24)) - 0.5f;
-                v[i] = ldexpf(m, e);
-            }
-            float want = recursive_tree(v, n);
-            float got = tree_of_copy(v, n);
-            CHECK_EQ_INT(bits_of(got), bits_of(want));
-            if (bits_of(want) != bits_of(sum_left_to_right(v, n))) differs++;
+    int differs = 0;
+    for (int trial = 0; trial < 200; trial++) {
+        for (size_t i = 0; i < 64; i++) {
+            state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+            int e = (int)((state >> 33) % 30) - 15;
+            float m = (float)((double)(state >> 40) / (double)(1ULL << 24)) - 0.5f;
+            v[i] = ldexpf(m, e);
         }
-        CHECK(differs > 20);
+        CHECK_EQ_INT(bits_of(tree64_of(v, 64)), bits_of(recursive_tree(v, 64)));
+        if (bits_of(recursive_tree(v, 64)) != bits_of(sum_left_to_right(v, 64))) differs++;
     }
-    /* 65 by hand: (sum of 64) + v[64]; the 64 hold 1 and 63 u's: the first pair rounds to 1,
-     * the other 31 pairs give 2u each, and 2u's add exactly: 1 + 31*2u rounds at the top */
+    CHECK(differs > 20); /* the data shows the order */
+    /* 1 and 63 u's: the first pair rounds to 1, the other 31 pairs give 2u each, which add exactly */
     v[0] = 1.0f;
-    for (int i = 1; i < 65; i++) v[i] = u;
-    float s64 = recursive_tree(v, 64);
-    CHECK_EQ_INT(bits_of(tree_of_copy(v, 64)), bits_of(s64));
-    CHECK_EQ_INT(bits_of(tree_of_copy(v, 65)), bits_of(s64 + u));
-    CHECK(s64 > 1.0f); /* the tree kept the small terms that left to right loses */
+    for (int i = 1; i < 64; i++) v[i] = u;
+    CHECK_EQ_INT(bits_of(tree64_of(v, 64)), bits_of(recursive_tree(v, 64)));
+    CHECK(tree64_of(v, 64) > 1.0f); /* the tree kept the small terms that left to right loses */
     CHECK_EQ_INT(bits_of(sum_left_to_right(v, 64)), bits_of(1.0f));
 }
 
@@ -468,7 +460,7 @@ int main(void)
     test_exp_flush_point();
     test_exp_special();
     test_exp_accuracy();
-    test_tree_sum();
+    test_tree64();
     test_trunc_helper();
     return emu_test_finish("test_kernel_internals");
 }

@@ -1,17 +1,20 @@
 /* Every vectorised build of the kernel this CPU runs (baseline, AVX2, AVX-512) writes the same
  * bytes as the scalar reference kernel, for every dtype, option, width (H not a multiple of the
  * vector or chunk size included) and layout, on data full of special values; and the same bytes
- * whatever the thread count. */
+ * whatever the thread count and whatever floating-point environment the caller set. */
+#define _GNU_SOURCE 1   /* feenableexcept */
+#include <fenv.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "emu_test.h"
+#include "kernel_args.h"
 #include "opapi/swiglu_kernel.h"
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ULL;
-static int variants_run[4];
+static int variants_run[5];
 
 static uint64_t next_random(void)
 {
@@ -50,18 +53,6 @@ static void fill(void *data, size_t count, aclDataType dtype)
             memcpy((uint16_t *)data + i, &h, sizeof h);
         }
     }
-}
-
-/* A [rows, cols] view into a buffer with a row pitch and a column step. */
-static void view(swiglu_view *v, void *data, int64_t rows, int64_t cols, int64_t pitch, int64_t step)
-{
-    memset(v, 0, sizeof *v);
-    v->data = data;
-    v->ndim = 2;
-    v->dims[0] = rows;
-    v->dims[1] = cols;
-    v->strides[0] = pitch;
-    v->strides[1] = step;
 }
 
 static void run_case(aclDataType dtype, int64_t rows, int64_t hidden, int step, int clamp_on,
@@ -103,7 +94,8 @@ static void run_case(aclDataType dtype, int64_t rows, int64_t hidden, int step, 
     view(&a.grad_weight, gw_scalar, rows, 1, 1, 1);
     CHECK_EQ_INT(swiglu_kernel_run(&a, 1, SWIGLU_KERNEL_SCALAR), 0);
     static const swiglu_kernel_variant variants[] = {SWIGLU_KERNEL_VECTOR, SWIGLU_KERNEL_VECTOR_BASELINE,
-                                                     SWIGLU_KERNEL_VECTOR_AVX2, SWIGLU_KERNEL_VECTOR_AVX512};
+                                                     SWIGLU_KERNEL_VECTOR_AVX2, SWIGLU_KERNEL_VECTOR_AVX512,
+                                                     SWIGLU_KERNEL_VECTOR_AVX512_BF16};
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
         if (!swiglu_kernel_variant_available(variants[v])) {
             continue;
@@ -192,17 +184,7 @@ static void flush_modes_do_not_change_results(void)
     for (int i = 0; i < ROWS * 2 * H; i++) x[i] = (i % 2 ? 0.75f : -2.0f) + 1e-3f * (float)(i % 11);
     for (int t = 0; t < ROWS; t++) w[t] = 0.5f;
     swiglu_kernel_args a;
-    memset(&a, 0, sizeof a);
-    a.dtype = ACL_FLOAT;
-    a.rows = ROWS;
-    a.hidden = H;
-    view(&a.grad_y, gy, ROWS, H, H, 1);
-    view(&a.x, x, ROWS, 2 * H, 2 * H, 1);
-    view(&a.y_origin, yo, ROWS, H, H, 1);
-    a.has_weight = 1;
-    view(&a.weight, w, ROWS, 1, 1, 1);
-    view(&a.grad_x, want_gx, ROWS, 2 * H, 2 * H, 1);
-    view(&a.grad_weight, want_gw, ROWS, 1, 1, 1);
+    contiguous_args(&a, ACL_FLOAT, ROWS, H, gy, x, yo, w, want_gx, want_gw);
     CHECK_EQ_INT(swiglu_kernel_run(&a, 1, SWIGLU_KERNEL_SCALAR), 0);
     int subnormal = 0;
     for (int i = 0; i < ROWS * 2 * H; i++) subnormal += want_gx[i] != 0.0f && fabsf(want_gx[i]) < 1.17549435e-38f;
@@ -220,14 +202,132 @@ static void flush_modes_do_not_change_results(void)
 }
 #endif
 
+/* The caller's rounding mode (and, where the CPU traps them, unmasked exceptions) must not change
+ * the bytes: every dtype with weight, clamp and groups, every variant, 1 and 3 threads, in each
+ * directed mode, against the scalar kernel in round-to-nearest; the caller's mode is put back. */
+static void rounding_modes_do_not_change_results(void)
+{
+    static const int modes[] = {FE_DOWNWARD, FE_UPWARD, FE_TOWARDZERO};
+    static const aclDataType dtypes[] = {ACL_FLOAT, ACL_FLOAT16, ACL_BF16};
+    static const swiglu_kernel_variant variants[] = {SWIGLU_KERNEL_SCALAR, SWIGLU_KERNEL_VECTOR,
+                                                     SWIGLU_KERNEL_VECTOR_BASELINE, SWIGLU_KERNEL_VECTOR_AVX2,
+                                                     SWIGLU_KERNEL_VECTOR_AVX512, SWIGLU_KERNEL_VECTOR_AVX512_BF16};
+    enum { ROWS = 300, H = 1100 };   /* enough work for 3 threads; rows split into tiles with fp32 */
+    size_t cells = (size_t)ROWS * 2 * H;
+    float *gy = malloc(cells * 2), *x = malloc(cells * 4), *yo = malloc(cells * 2), *w = malloc(ROWS * 4);
+    char *want = malloc(cells * 4), *got = malloc(cells * 4);
+    float want_gw[ROWS], got_gw[ROWS];
+    int64_t counts[2] = {ROWS / 2, ROWS / 3};
+    /* the modes are real: 1/3 rounds differently in each */
+    volatile float one = 1.0f, three = 3.0f;
+    uint32_t quotient[3];
+    for (int m = 0; m < 3; m++) {
+        fesetround(modes[m]);
+        float q = one / three;
+        memcpy(&quotient[m], &q, sizeof q);
+        fesetround(FE_TONEAREST);
+    }
+    CHECK(quotient[0] != quotient[1] && quotient[0] == quotient[2]);
+    for (size_t d = 0; d < 3; d++) {
+        aclDataType dtype = dtypes[d];
+        size_t es = dtype == ACL_FLOAT ? 4 : 2;
+        fill(gy, (size_t)ROWS * H, dtype);
+        fill(x, cells, dtype);
+        fill(yo, (size_t)ROWS * H, dtype);
+        for (int t = 0; t < ROWS; t++) w[t] = random_value();
+        swiglu_kernel_args a;
+        contiguous_args(&a, dtype, ROWS, H, gy, x, yo, w, want, want_gw);
+        a.clamp_on = 1;
+        a.clamp = 2.5f;
+        a.group_mode = SWIGLU_GROUPS_HOST;
+        a.group_values = counts;
+        a.group_count = 2;
+        CHECK_EQ_INT(swiglu_kernel_run(&a, 1, SWIGLU_KERNEL_SCALAR), 0);
+        view(&a.grad_x, got, ROWS, 2 * H, 2 * H, 1);
+        view(&a.grad_weight, got_gw, ROWS, 1, 1, 1);
+        for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
+            if (!swiglu_kernel_variant_available(variants[v])) continue;
+            for (int m = 0; m < 3; m++) {
+                for (int threads = 1; threads <= 3; threads += 2) {
+                    memset(got, 0xAB, cells * es);
+                    fesetround(modes[m]);
+                    feclearexcept(FE_ALL_EXCEPT);   /* a raised flag would trap as soon as it is unmasked */
+                    int trapping = feenableexcept(FE_ALL_EXCEPT) != -1;
+                    int rc = swiglu_kernel_run(&a, threads, variants[v]);
+                    int mode_after = fegetround();
+                    int traps_after = fegetexcept();
+                    if (trapping) fedisableexcept(FE_ALL_EXCEPT);
+                    fesetround(FE_TONEAREST);
+                    CHECK_EQ_INT(rc, 0);
+                    CHECK_EQ_INT(mode_after, modes[m]);
+                    if (trapping) CHECK_EQ_INT(traps_after, FE_ALL_EXCEPT);
+                    int same = memcmp(want, got, cells * es) == 0 && memcmp(want_gw, got_gw, sizeof want_gw) == 0;
+                    if (!same) {
+                        fprintf(stderr, "dtype %d variant %d rounding mode 0x%x threads %d: bytes differ from "
+                                "round-to-nearest\n", (int)dtype, (int)variants[v], modes[m], threads);
+                    }
+                    CHECK(same);
+                }
+            }
+        }
+    }
+    /* the clamp limit's conversion: 1.1 to the nearest float in every mode */
+    for (int m = 0; m < 3; m++) {
+        fesetround(modes[m]);
+        float c = swiglu_float_nearest(1.1);
+        fesetround(FE_TONEAREST);
+        uint32_t bits;
+        memcpy(&bits, &c, sizeof bits);
+        CHECK_EQ_INT(bits, 0x3F8CCCCDu);
+    }
+    free(gy); free(x); free(yo); free(w); free(want); free(got);
+}
+
+/* The CPU's bf16 narrowing flushes subnormals and keeps NaN payloads; the kernel must not let it
+ * do either. bf16 rows where vector k has lane k % 16 special: a subnormal gradient (gy a bf16
+ * subnormal, x0 = 1), a NaN with a payload (gy a signaling NaN), or nothing. */
+static void bf16_narrowing_special_lanes(void)
+{
+    enum { ROWS = 3, H = 16 * 48 };
+    static uint16_t gy[ROWS * H], x[ROWS * 2 * H], want[ROWS * 2 * H], got[ROWS * 2 * H];
+    for (int i = 0; i < ROWS * H; i++) {
+        int vector = (i % H) / 16, lane = (i % H) % 16;
+        gy[i] = 0x3FC0;                                                  /* 1.5 */
+        if (lane == vector % 16 && vector % 3 == 0) gy[i] = 0x000B;     /* 1.01e-39 */
+        if (lane == vector % 16 && vector % 3 == 1) gy[i] = 0x7FA1;     /* a signaling NaN */
+        x[(i / H) * 2 * H + i % H] = 0x3F80;                             /* x0 = 1 */
+        x[(i / H) * 2 * H + H + i % H] = 0xBF00 | (uint16_t)(i % 64);   /* x1 = -0.5 ... */
+    }
+    swiglu_kernel_args a;
+    contiguous_args(&a, ACL_BF16, ROWS, H, gy, x, NULL, NULL, want, NULL);
+    CHECK_EQ_INT(swiglu_kernel_run(&a, 1, SWIGLU_KERNEL_SCALAR), 0);
+    int subnormal = 0, nan = 0;
+    for (int i = 0; i < ROWS * 2 * H; i++) {
+        subnormal += (want[i] & 0x7F80) == 0 && (want[i] & 0x7F) != 0;
+        nan += want[i] == 0x7FC0;
+    }
+    CHECK(subnormal >= ROWS * 16 && nan >= ROWS * 16);   /* the data reaches both kinds of lane */
+    static const swiglu_kernel_variant variants[] = {SWIGLU_KERNEL_VECTOR, SWIGLU_KERNEL_VECTOR_AVX512,
+                                                     SWIGLU_KERNEL_VECTOR_AVX512_BF16};
+    for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
+        if (!swiglu_kernel_variant_available(variants[v])) continue;
+        memset(got, 0xAB, sizeof got);
+        view(&a.grad_x, got, ROWS, 2 * H, 2 * H, 1);
+        CHECK_EQ_INT(swiglu_kernel_run(&a, 1, variants[v]), 0);
+        CHECK(memcmp(want, got, sizeof got) == 0);
+    }
+}
+
 int main(void)
 {
+    bf16_narrowing_special_lanes();
 #if defined(__x86_64__)
     flush_modes_do_not_change_results();
 #endif
+    rounding_modes_do_not_change_results();
     static const swiglu_kernel_variant vector_builds[] = {SWIGLU_KERNEL_VECTOR_BASELINE, SWIGLU_KERNEL_VECTOR_AVX2,
-                                                          SWIGLU_KERNEL_VECTOR_AVX512};
-    for (size_t v = 0; v < 3; v++) {
+                                                          SWIGLU_KERNEL_VECTOR_AVX512};   /* (the bf16 one has AVX-512's exp) */
+    for (size_t v = 0; v < sizeof vector_builds / sizeof vector_builds[0]; v++) {
         if (swiglu_kernel_variant_available(vector_builds[v])) {
             exp_against_scalar(vector_builds[v]);
         }
@@ -246,7 +346,8 @@ int main(void)
     }
     /* The default and the baseline build run everywhere; say which others this CPU ran. */
     CHECK(variants_run[0] > 0 && variants_run[1] > 0);
-    printf("vector builds compared with the scalar kernel: default %d, baseline %d, avx2 %d, avx512 %d cases\n",
-           variants_run[0], variants_run[1], variants_run[2], variants_run[3]);
+    printf("vector builds compared with the scalar kernel: default %d, baseline %d, avx2 %d, avx512 %d, "
+           "avx512 with bf16 instructions %d cases\n",
+           variants_run[0], variants_run[1], variants_run[2], variants_run[3], variants_run[4]);
     return emu_test_finish("test_kernel_variants");
 }

@@ -181,7 +181,7 @@ static int check_weight(const aclTensor *grad_y, const aclTensor *weight,
  * when c == -1.0f, revision 1 when clampLimit == 0. */
 static int check_clamp(double clamp_limit, int abi, int *clamp_on)
 {
-    float c = (float)clamp_limit;
+    float c = swiglu_float_nearest(clamp_limit);   /* as the kernel converts it, whatever the caller's mode */
     int off = abi == 1 ? clamp_limit == 0.0 : c == -1.0f;
     if (off) {
         *clamp_on = 0;
@@ -307,7 +307,7 @@ EMU_EXPORT aclnnStatus aclnnSwigluGroupQuantGradGetWorkspaceSize(
         return aclEmu_fail(ACLNN_ERR_INNER_CREATE_EXECUTOR, PHASE1, "out of host memory");
     }
     data->clamp_on = clamp_on;
-    data->clamp = (float)clampLimit;
+    data->clamp = swiglu_float_nearest(clampLimit);   /* the caller's rounding mode must not move the limit */
     data->rows = rows;
     data->hidden = hidden;
     data->group_count = group_count;

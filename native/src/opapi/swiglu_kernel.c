@@ -13,21 +13,20 @@
 #include "swiglu_kernel.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 
+#include "swiglu_fpenv.h"
 #include "swiglu_kernel_impl.h"
-
-#if defined(__x86_64__)
-#include <xmmintrin.h>
-#define MXCSR_FLUSH_TO_ZERO 0x8000u
-#define MXCSR_DENORMALS_ARE_ZERO 0x0040u
-#endif
+#include "swiglu_tiling.h"
 
 /* Rows below this many elements per thread are not worth a thread. */
 #define MIN_ELEMENTS_PER_THREAD ((int64_t)1 << 16)
 #define MAX_THREADS 256
-/* Chunk sums a single-threaded launch keeps on the stack (H up to 16384). */
-#define SMALL_PARTIALS 256
+
+/* With a weight the factor is at least 12 + 4, so a first tile never outgrows the accumulator. */
+_Static_assert((TILING_AVAILABLE - TILING_ROW_EXTRA) / (4 * 16) <= SWIGLU_REDUCE_MAX,
+               "the first tile of a weighted row fits SWIGLU_REDUCE_MAX");
 
 float swiglu_device_expf(float x) { return device_expf(x); }
 
@@ -69,19 +68,12 @@ static void grad_clamped_scalar(const float *gy, float *x0, float *x1, size_t n,
     }
 }
 
-static void products_scalar(const float *gy, const float *yo, float *products, size_t n)
+static void products_scalar(const float *gy, const float *yo, float *acc, size_t n, int accumulate)
 {
-    for (size_t i = 0; i < n; i++) products[i] = gy[i] * yo[i];
+    for (size_t i = 0; i < n; i++) acc[i] = accumulate ? acc[i] + gy[i] * yo[i] : gy[i] * yo[i];
 }
 
-static size_t chunk_sums_scalar(float *products, size_t n, float *partials)
-{
-    size_t chunks = 0;
-    for (size_t c0 = 0; c0 < n; c0 += CHUNK) {
-        partials[chunks++] = tree_sum(products + c0, n - c0 < CHUNK ? n - c0 : CHUNK);
-    }
-    return chunks;
-}
+static float reduce_sum_scalar(const float *acc, size_t n) { return reduce_sum_with(acc, n, tree64_scalar); }
 
 static void scale_scalar(float *v, size_t n, float w)
 {
@@ -93,7 +85,7 @@ static void exp_block_scalar(const float *in, float *out, size_t n)
     for (size_t i = 0; i < n; i++) out[i] = device_expf(in[i]);
 }
 
-#define SCALAR_COMMON grad_scalar, grad_clamped_scalar, products_scalar, chunk_sums_scalar, scale_scalar, \
+#define SCALAR_COMMON grad_scalar, grad_clamped_scalar, products_scalar, reduce_sum_scalar, scale_scalar, \
     exp_block_scalar
 static const kernel_impl scalar_impls[3] = {
     {load_f32_scalar, store_f32_scalar, SCALAR_COMMON, {{NULL, NULL}, {NULL, NULL}}},
@@ -119,9 +111,14 @@ static const kernel_impl *implementation(swiglu_kernel_variant variant)
                 __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
                    ? swiglu_vector_impls_avx512
                    : NULL;
+    case SWIGLU_KERNEL_VECTOR_AVX512_BF16:
+        return implementation(SWIGLU_KERNEL_VECTOR_AVX512) != NULL && __builtin_cpu_supports("avx512bf16")
+                   ? swiglu_vector_impls_avx512_bf16
+                   : NULL;
 #endif
     case SWIGLU_KERNEL_VECTOR: {
-        static const swiglu_kernel_variant widest_first[] = {SWIGLU_KERNEL_VECTOR_AVX512,
+        static const swiglu_kernel_variant widest_first[] = {SWIGLU_KERNEL_VECTOR_AVX512_BF16,
+                                                             SWIGLU_KERNEL_VECTOR_AVX512,
                                                              SWIGLU_KERNEL_VECTOR_AVX2};
         for (size_t i = 0; i < sizeof widest_first / sizeof widest_first[0]; i++) {
             const kernel_impl *impl = implementation(widest_first[i]);
@@ -145,24 +142,86 @@ int swiglu_kernel_exp(swiglu_kernel_variant variant, const float *in, float *out
     if (table == NULL) {
         return -2;
     }
+    fp_env saved = fp_env_enter();
     table[0].exp_block(in, out, n);
+    fp_env_leave(saved);
     return 0;
+}
+
+int swiglu_kernel_reduce_sum(swiglu_kernel_variant variant, const float *in, size_t n, float *out)
+{
+    const kernel_impl *table = implementation(variant);
+    if (table == NULL) {
+        return -2;
+    }
+    if (n > SWIGLU_REDUCE_MAX) {
+        return -1;
+    }
+    fp_env saved = fp_env_enter();
+    *out = table[0].reduce_sum(in, n);
+    fp_env_leave(saved);
+    return 0;
+}
+
+float swiglu_float_nearest(double value)
+{
+    volatile double wide = value;   /* in memory, so that the conversion stays between the switches */
+    volatile float narrow;
+    fp_env saved = fp_env_enter();
+    narrow = (float)wide;
+    fp_env_leave(saved);
+    return narrow;
+}
+
+/* ---- the release whose tiling decides the gradWeight order ---- */
+
+int swiglu_tiling_of_release(const char *release) { return tiling_of_release(release); }
+
+int64_t swiglu_tile_length(aclDataType dtype, int has_weight, int clamp_on, int64_t hidden, swiglu_tiling tiling)
+{
+    return tiling_first_tile(dtype, has_weight, clamp_on, hidden, tiling);
+}
+
+static pthread_once_t environment_once = PTHREAD_ONCE_INIT;
+static swiglu_tiling environment_tiling = SWIGLU_TILING_CURRENT;   /* written once, under environment_once */
+
+static void read_environment_tiling(void)
+{
+    const char *text = getenv("ACL_EMU_CANN_VERSION");
+    if (text == NULL || *text == '\0') {
+        return;
+    }
+    int tiling = tiling_of_release(text);
+    if (tiling < 0) {
+        fprintf(stderr, "acl-swiglu emulator: ignoring ACL_EMU_CANN_VERSION=%s (expected a release of the "
+                "operator such as 9.1.0, 9.2.0-beta.1 or 9.2.0; it ships from 9.1.0)\n", text);
+        return;
+    }
+    environment_tiling = (swiglu_tiling)tiling;
+}
+
+swiglu_tiling swiglu_environment_tiling(void)
+{
+    pthread_once(&environment_once, read_environment_tiling);
+    return environment_tiling;
 }
 
 /* ---- rows ---- */
 
-/* Scratch of one thread: a block of each operand in fp32. */
+/* Scratch of one thread: a block of each operand in fp32, and gradWeight's accumulator (as long
+ * as the first tile). */
 typedef struct {
-    float gy[BLOCK], x0[BLOCK], x1[BLOCK], yo[BLOCK], products[BLOCK];
+    float gy[BLOCK], x0[BLOCK], x1[BLOCK], yo[BLOCK];
+    float acc[SWIGLU_REDUCE_MAX];
 } row_scratch;
 
 typedef struct {
     const swiglu_kernel_args *args;
     const kernel_impl *impl;
     int64_t trunc;
+    int64_t tile;          /* columns per tile: the first tile's length with a weight, else H */
     int64_t first_row;
     int64_t end_row;
-    float *partials;       /* ceil(H / CHUNK) floats */
     row_scratch *scratch;  /* zeroed, so the spare lanes of a short block hold plain numbers */
 } row_range;
 
@@ -215,8 +274,8 @@ static void zero_row(const row_range *r, int64_t t, const float *zeros)
 /* Elements [from, n) of a block through scratch: load, compute, store. */
 static void block_via_scratch(const row_range *r, const char *gy, int64_t sy, const char *x0,
                               const char *x1, int64_t sx, const char *yo, int64_t so, char *gx0,
-                              char *gx1, int64_t sg, size_t from, size_t n, float w,
-                              row_scratch *scratch)
+                              char *gx1, int64_t sg, size_t from, size_t n, float w, float *acc,
+                              int accumulate, row_scratch *scratch)
 {
     const swiglu_kernel_args *a = r->args;
     const kernel_impl *impl = r->impl;
@@ -228,7 +287,7 @@ static void block_via_scratch(const row_range *r, const char *gy, int64_t sy, co
     if (a->has_weight) {
         /* gradWeight uses the raw gy, before weighting and without the clamp mask. */
         impl->load(yo + (int64_t)from * so * es, so, scratch->yo, m);
-        impl->products(scratch->gy, scratch->yo, scratch->products + from, m);
+        impl->products(scratch->gy, scratch->yo, acc + from, m, accumulate);
         impl->scale(scratch->gy, m, w);
     }
     if (a->clamp_on) {
@@ -256,28 +315,31 @@ static void compute_row(const row_range *r, int64_t t, row_scratch *scratch)
     size_t (*fused)(const fused_block *) = (sy == 1 && sx == 1 && so == 1 && sg == 1)
                                                ? impl->fused[a->clamp_on != 0][a->has_weight != 0]
                                                : NULL;
-    size_t chunks = 0;
 
-    for (int64_t h0 = 0; h0 < H; h0 += BLOCK) {
-        size_t n = (size_t)(H - h0 < BLOCK ? H - h0 : BLOCK);
-        const char *gy = gy_row + h0 * sy * es, *x0 = x_row + h0 * sx * es;
-        const char *x1 = x_row + (H + h0) * sx * es, *yo = yo_row ? yo_row + h0 * so * es : NULL;
-        char *gx0 = gx_row + h0 * sg * es, *gx1 = gx_row + (H + h0) * sg * es;
-        size_t done = 0;
-        if (fused != NULL) {
-            fused_block block = {gy, x0, x1, yo, gx0, gx1, n, w, a->clamp, scratch->products};
-            done = fused(&block);
-        }
-        if (done < n) {
-            block_via_scratch(r, gy, sy, x0, x1, sx, yo, so, gx0, gx1, sg, done, n, w, scratch);
-        }
-        if (a->has_weight) {
-            chunks += impl->chunk_sums(scratch->products, n, r->partials + chunks);
+    /* Tile by tile: the first writes gradWeight's accumulator, each later one adds to its head. */
+    for (int64_t t0 = 0; t0 < H; t0 += r->tile) {
+        const int64_t tile_end = H - t0 < r->tile ? H : t0 + r->tile;
+        for (int64_t h0 = t0; h0 < tile_end; h0 += BLOCK) {
+            size_t n = (size_t)(tile_end - h0 < BLOCK ? tile_end - h0 : BLOCK);
+            const char *gy = gy_row + h0 * sy * es, *x0 = x_row + h0 * sx * es;
+            const char *x1 = x_row + (H + h0) * sx * es, *yo = yo_row ? yo_row + h0 * so * es : NULL;
+            char *gx0 = gx_row + h0 * sg * es, *gx1 = gx_row + (H + h0) * sg * es;
+            float *acc = scratch->acc + (h0 - t0);
+            int accumulate = t0 > 0;
+            size_t done = 0;
+            if (fused != NULL) {
+                fused_block block = {gy, x0, x1, yo, gx0, gx1, n, w, a->clamp, acc, accumulate};
+                done = fused(&block);
+            }
+            if (done < n) {
+                block_via_scratch(r, gy, sy, x0, x1, sx, yo, so, gx0, gx1, sg, done, n, w, acc, accumulate,
+                                  scratch);
+            }
         }
     }
     if (a->has_weight) {
         float *gw = (float *)a->grad_weight.data + element_offset(&a->grad_weight, t);
-        *gw = canonical_f32(tree_sum(r->partials, chunks));
+        *gw = canonical_f32(impl->reduce_sum(scratch->acc, (size_t)(H < r->tile ? H : r->tile)));
     }
 }
 
@@ -285,12 +347,7 @@ static void *run_rows(void *arg)
 {
     const row_range *r = arg;
     static const float zeros[BLOCK];
-#if defined(__x86_64__)
-    /* IEEE arithmetic needs subnormals: a caller (or a framework) may have set
-     * flush-to-zero / denormals-are-zero on this thread; run without them, then put them back. */
-    unsigned int saved_csr = _mm_getcsr();
-    _mm_setcsr(saved_csr & ~(MXCSR_FLUSH_TO_ZERO | MXCSR_DENORMALS_ARE_ZERO));
-#endif
+    fp_env saved = fp_env_enter();
     for (int64_t t = r->first_row; t < r->end_row; t++) {
         if (t < r->trunc) {
             compute_row(r, t, r->scratch);
@@ -298,9 +355,7 @@ static void *run_rows(void *arg)
             zero_row(r, t, zeros);
         }
     }
-#if defined(__x86_64__)
-    _mm_setcsr(saved_csr);
-#endif
+    fp_env_leave(saved);
     return NULL;
 }
 
@@ -344,31 +399,34 @@ int swiglu_kernel_run(const swiglu_kernel_args *args, int threads, swiglu_kernel
     if (threads > useful) threads = useful > 1 ? (int)useful : 1;
     if (threads > args->rows) threads = (int)args->rows;
 
-    size_t chunks = (size_t)((args->hidden + CHUNK - 1) / CHUNK);
-    size_t per_thread = chunks ? chunks : 1;
-    if (threads == 1 && per_thread <= SMALL_PARTIALS) {
+    int64_t tile = args->hidden;
+    if (args->has_weight) {
+        swiglu_tiling tiling = args->tiling == SWIGLU_TILING_FROM_ENVIRONMENT ? swiglu_environment_tiling()
+                                                                              : args->tiling;
+        tile = tiling_first_tile(args->dtype, 1, args->clamp_on, args->hidden, tiling);
+        if (tile <= 0 && args->hidden > 0) {
+            return -3;
+        }
+    }
+    if (threads == 1) {
         /* The common small launch: everything on this thread, nothing to allocate. */
         static __thread row_scratch own_scratch;   /* zero at thread start */
-        float partials[SMALL_PARTIALS];
-        row_range range = {args, impl, trunc, 0, args->rows, partials, &own_scratch};
+        row_range range = {args, impl, trunc, tile, 0, args->rows, &own_scratch};
         run_rows(&range);
         return 0;
     }
     row_range *ranges = calloc((size_t)threads, sizeof *ranges);
-    float *partials = malloc((size_t)threads * per_thread * sizeof *partials);
     pthread_t *ids = calloc((size_t)threads, sizeof *ids);
     row_scratch *scratch = calloc((size_t)threads, sizeof *scratch);
-    if (ranges == NULL || partials == NULL || ids == NULL || scratch == NULL) {
+    if (ranges == NULL || ids == NULL || scratch == NULL) {
         free(ranges);
-        free(partials);
         free(ids);
         free(scratch);
         return -1;
     }
     for (int k = 0; k < threads; k++) {
-        ranges[k] = (row_range){args, impl, trunc, args->rows * k / threads,
-                                args->rows * (k + 1) / threads, partials + (size_t)k * per_thread,
-                                &scratch[k]};
+        ranges[k] = (row_range){args, impl, trunc, tile, args->rows * k / threads,
+                                args->rows * (k + 1) / threads, &scratch[k]};
     }
     /* Threads beyond the first run the upper row ranges; if one cannot start, its rows run
      * here, so the result never depends on how many threads there were. */
@@ -385,7 +443,6 @@ int swiglu_kernel_run(const swiglu_kernel_args *args, int threads, swiglu_kernel
         }
     }
     free(ranges);
-    free(partials);
     free(ids);
     free(scratch);
     return 0;

@@ -14,10 +14,10 @@
 
 #include "swiglu_kernel.h"
 
-/* Columns handled per step of a row; a multiple of the 64-element gradWeight chunk and of the
- * vector width. */
+/* Columns handled per step of a row; a multiple of the vector width. */
 #define BLOCK 512
-#define CHUNK 64
+/* Lanes of the device's ReduceSum. */
+#define REDUCE_LANES 64
 
 /* The stored NaNs: positive quiet NaN in each format. */
 #define CANONICAL_NAN_F32 0x7FC00000u
@@ -131,7 +131,8 @@ typedef struct {
     size_t n;
     float weight;
     float clamp;
-    float *products;   /* gy * yo for gradWeight, when there is a weight */
+    float *acc;        /* gradWeight's accumulator at this block's place in its tile */
+    int accumulate;    /* 0 in the first tile: acc = gy * yo; later tiles: acc = acc + gy * yo */
 } fused_block;
 
 typedef struct {
@@ -140,10 +141,10 @@ typedef struct {
     /* In place: x0 becomes gx0 and x1 becomes gx1; `gy` already carries the weight. */
     void (*grad)(const float *gy, float *x0, float *x1, size_t n);
     void (*grad_clamped)(const float *gy, float *x0, float *x1, size_t n, float c);
-    /* products[i] = gy[i] * yo[i] */
-    void (*products)(const float *gy, const float *yo, float *products, size_t n);
-    /* The tree sum of each 64-chunk of products; returns the chunk count. */
-    size_t (*chunk_sums)(float *products, size_t n, float *partials);
+    /* acc[i] = gy[i] * yo[i], or with `accumulate` acc[i] = acc[i] + gy[i] * yo[i]; exactly n written */
+    void (*products)(const float *gy, const float *yo, float *acc, size_t n, int accumulate);
+    /* The device's ReduceSum of acc[0..n), n <= SWIGLU_REDUCE_MAX */
+    float (*reduce_sum)(const float *acc, size_t n);
     void (*scale)(float *v, size_t n, float w);
     /* device_exp over an array (tests compare it with the scalar one). */
     void (*exp_block)(const float *in, float *out, size_t n);
@@ -153,21 +154,66 @@ typedef struct {
     size_t (*fused[2][2])(const fused_block *block);
 } kernel_impl;
 
-/* Pairwise sum of adjacent elements, level by level; an odd last element moves up as is.
- * Destroys v. The empty sum is +0. */
-static float tree_sum(float *v, size_t n)
+/* ---- gradWeight's ReduceSum (SPEC section 1, docs/kernel.md) ---- */
+
+/* acc[0..n), n <= 256, as the 64 lanes the device's ReduceSum first makes of it: lane i is
+ * (acc[i] + acc[64+i]) + (acc[128+i] + acc[192+i]) with the terms past n left out (and
+ * acc[128+i] alone when acc[192+i] is absent); lanes past the data are +0.0. */
+static inline void fold_into_lanes(const float *acc, size_t n, float lanes[REDUCE_LANES])
 {
-    while (n > 1) {
-        size_t half = n / 2;
-        for (size_t i = 0; i < half; i++) {
-            v[i] = v[2 * i] + v[2 * i + 1];
+    for (size_t i = 0; i < REDUCE_LANES; i++) {
+        float s = i < n ? acc[i] : 0.0f;
+        if (64 + i < n) s = s + acc[64 + i];
+        if (128 + i < n) {
+            float upper = acc[128 + i];
+            if (192 + i < n) upper = upper + acc[192 + i];
+            s = s + upper;
         }
-        if (n & 1) {
-            v[half] = v[n - 1];
-        }
-        n = half + (n & 1);
+        lanes[i] = s;
     }
-    return n ? v[0] : 0.0f;
+}
+
+/* ReduceSum with a given 64-lane tree (a perfect tree of adjacent pairs): n <= 256 folded into
+ * 64 lanes, then the tree; above, the tree of each 64-element chunk (the last padded with +0.0),
+ * then the tree of the chunk sums (padded with +0.0). n <= SWIGLU_REDUCE_MAX, so at most 64
+ * chunks. */
+static inline __attribute__((always_inline)) float reduce_sum_with(const float *acc, size_t n,
+                                                                   float (*tree64)(const float *))
+{
+    float lanes[REDUCE_LANES];
+    if (n <= 4 * REDUCE_LANES) {
+        fold_into_lanes(acc, n, lanes);
+        return tree64(lanes);
+    }
+    float sums[REDUCE_LANES];
+    size_t chunks = 0;
+    for (size_t c0 = 0; c0 < n; c0 += REDUCE_LANES) {
+        if (n - c0 >= REDUCE_LANES) {
+            sums[chunks++] = tree64(acc + c0);
+        } else {
+            fold_into_lanes(acc + c0, n - c0, lanes);
+            sums[chunks++] = tree64(lanes);
+        }
+    }
+    while (chunks < REDUCE_LANES) sums[chunks++] = 0.0f;
+    return tree64(sums);
+}
+
+/* A perfect tree of adjacent pairs over n = 2^k elements, level by level; destroys v. */
+static inline float tree_pow2(float *v, size_t n)
+{
+    for (; n > 1; n /= 2) {
+        for (size_t i = 0; i < n / 2; i++) v[i] = v[2 * i] + v[2 * i + 1];
+    }
+    return v[0];
+}
+
+/* The 64-lane tree one addition at a time: the reference the vector trees match. */
+static inline float tree64_scalar(const float *v)
+{
+    float lanes[REDUCE_LANES];
+    memcpy(lanes, v, sizeof lanes);
+    return tree_pow2(lanes, REDUCE_LANES);
 }
 
 /* ---- strided (and reference) loads and stores, scalar ---- */
@@ -215,6 +261,7 @@ extern const kernel_impl swiglu_vector_impls_baseline[3];
 #define SWIGLU_HAVE_X86_VARIANTS 1
 extern const kernel_impl swiglu_vector_impls_avx2[3];
 extern const kernel_impl swiglu_vector_impls_avx512[3];
+extern const kernel_impl swiglu_vector_impls_avx512_bf16[3];
 #endif
 
 #endif /* ACL_SWIGLU_SWIGLU_KERNEL_IMPL_H */

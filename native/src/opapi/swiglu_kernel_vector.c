@@ -40,11 +40,41 @@ INLINE void vstore(float *p, vfloat v) { memcpy(p, &v, sizeof v); }
 INLINE vfloat vsplat(float f) { return (vfloat)SPLAT(f); }
 INLINE vint vsplat_int(int32_t i) { return (vint)SPLAT(i); }
 /* Mask lanes are all ones or all zeros, as vector comparisons give them. */
-INLINE vfloat vselect(vint mask, vfloat yes, vfloat no)
+#if defined(__AVX512F__) && KERNEL_LANES == 16
+/* One blend on a mask register (the generic form costs two instructions here). */
+INLINE vint vselect_int(vint mask, vint yes, vint no)
 {
-    return (vfloat)((mask & (vint)yes) | (~mask & (vint)no));
+    return (vint)_mm512_mask_blend_epi32(_mm512_movepi32_mask((__m512i)mask), (__m512i)no, (__m512i)yes);
 }
+#else
 INLINE vint vselect_int(vint mask, vint yes, vint no) { return (mask & yes) | (~mask & no); }
+#endif
+INLINE vfloat vselect(vint mask, vfloat yes, vfloat no) { return (vfloat)vselect_int(mask, (vint)yes, (vint)no); }
+
+/* first < second ? first : second, so a NaN `second` comes out as is: the x86 min/max
+ * instructions return their second operand when the comparison is false. */
+INLINE vfloat vmin_nan_second(vfloat first, vfloat second)
+{
+#if defined(__AVX512F__) && KERNEL_LANES == 16
+    return (vfloat)_mm512_min_ps((__m512)first, (__m512)second);
+#elif defined(__AVX__) && KERNEL_LANES == 8
+    return (vfloat)_mm256_min_ps((__m256)first, (__m256)second);
+#else
+    return vselect(first < second, first, second);
+#endif
+}
+
+/* first > second ? first : second */
+INLINE vfloat vmax_nan_second(vfloat first, vfloat second)
+{
+#if defined(__AVX512F__) && KERNEL_LANES == 16
+    return (vfloat)_mm512_max_ps((__m512)first, (__m512)second);
+#elif defined(__AVX__) && KERNEL_LANES == 8
+    return (vfloat)_mm256_max_ps((__m256)first, (__m256)second);
+#else
+    return vselect(first > second, first, second);
+#endif
+}
 
 INLINE vfloat device_expv_full(vfloat x)
 {
@@ -75,12 +105,19 @@ INLINE vfloat device_expv_full(vfloat x)
     return vselect(x != x, x, result);
 }
 
-/* 1 when every lane of a comparison result is true. */
-INLINE int all_lanes(vint mask)
-{
+/* Lane masks of the hot loop's comparisons (NaN compares false): AVX-512 keeps them in mask
+ * registers, the others in vectors of all ones / all zeros. */
 #if defined(__AVX512F__) && KERNEL_LANES == 16
-    return _mm512_movepi32_mask((__m512i)mask) == 0xFFFF;
-#elif defined(__AVX__) && KERNEL_LANES == 8
+typedef __mmask16 lane_mask;
+INLINE lane_mask lanes_less(vfloat a, vfloat b) { return _mm512_cmp_ps_mask((__m512)a, (__m512)b, _CMP_LT_OQ); }
+INLINE int all_lanes(lane_mask mask) { return mask == 0xFFFF; }
+INLINE vfloat zero_unless(lane_mask mask, vfloat v) { return (vfloat)_mm512_maskz_mov_ps(mask, (__m512)v); }
+#else
+typedef vint lane_mask;
+INLINE lane_mask lanes_less(vfloat a, vfloat b) { return a < b; }
+INLINE int all_lanes(lane_mask mask)
+{
+#if defined(__AVX__) && KERNEL_LANES == 8
     return _mm256_movemask_ps((__m256)mask) == 0xFF;
 #else
     int32_t lanes[LANES];
@@ -90,6 +127,8 @@ INLINE int all_lanes(vint mask)
     return all != 0;
 #endif
 }
+INLINE vfloat zero_unless(lane_mask mask, vfloat v) { return vselect(mask, v, vsplat(0.0f)); }
+#endif
 
 /* device_exp for lanes known to lie in (-86.5, 88): no clamp, no flush, no overflow, no NaN
  * can happen there, and p * 2^n is one exact scaling (n in [-125, 127]), so this gives the
@@ -112,12 +151,27 @@ INLINE vfloat device_expv_in_range(vfloat x)
     return p * (vfloat)((n + 127) << 23);
 }
 
+INLINE lane_mask exp_in_range(vfloat x) { return lanes_less(vsplat(-86.5f), x) & lanes_less(x, vsplat(88.0f)); }
+
 INLINE vfloat device_expv(vfloat x)
 {
-    if (all_lanes((x > -86.5f) & (x < 88.0f))) {
+    if (all_lanes(exp_in_range(x))) {
         return device_expv_in_range(x);
     }
     return device_expv_full(x);
+}
+
+/* Two vectors at once: with both in range, the two exps are one stretch of code the CPU can
+ * overlap. */
+INLINE void device_expv2(const vfloat x[2], vfloat e[2])
+{
+    if (all_lanes(exp_in_range(x[0]) & exp_in_range(x[1]))) {
+        e[0] = device_expv_in_range(x[0]);
+        e[1] = device_expv_in_range(x[1]);
+        return;
+    }
+    e[0] = device_expv(x[0]);
+    e[1] = device_expv(x[1]);
 }
 
 INLINE vfloat canonical_f32v(vfloat f)
@@ -125,7 +179,16 @@ INLINE vfloat canonical_f32v(vfloat f)
     return vselect(f != f, (vfloat)vsplat_int((int32_t)CANONICAL_NAN_F32), f);
 }
 
-INLINE vfloat bf16_to_floatv(vhalf h) { return (vfloat)(__builtin_convertvector(h, vuint) << 16); }
+INLINE vfloat bf16_to_floatv(vhalf h)
+{
+#if defined(__AVX512F__) && KERNEL_LANES == 16
+    return (vfloat)_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)h), 16);
+#elif defined(__AVX2__) && KERNEL_LANES == 8
+    return (vfloat)_mm256_slli_epi32(_mm256_cvtepu16_epi32((__m128i)h), 16);
+#else
+    return (vfloat)(__builtin_convertvector(h, vuint) << 16);
+#endif
+}
 
 INLINE vhalf float_to_bf16v(vfloat f)
 {
@@ -189,13 +252,33 @@ INLINE vfloat load_as_float(aclDataType dtype, const char *p, size_t i)
     return dtype == ACL_FLOAT16 ? half_to_floatv(h) : bf16_to_floatv(h);
 }
 
-INLINE void store_from_float(aclDataType dtype, char *p, size_t i, vfloat v)
+#if defined(__AVX512F__) && KERNEL_LANES == 16
+#define KERNEL_BF16_INSTRUCTIONS 1
+/* The CPU's bf16 narrowing (AVX512_BF16): round half to even like float_to_bf16v, but it flushes
+ * subnormal inputs to zero and keeps NaN payloads; vectors with such a lane take float_to_bf16v. */
+__attribute__((target("avx512bf16"))) static inline vhalf float_to_bf16v_instruction(vfloat f)
+{
+    /* one classification: quiet NaN (0x01), subnormal (0x20), signaling NaN (0x80) */
+    if (__builtin_expect(_mm512_fpclass_ps_mask((__m512)f, 0x01 | 0x20 | 0x80) != 0, 0)) {
+        return float_to_bf16v(f);
+    }
+    return (vhalf)(__m256i)_mm512_cvtneps_pbh((__m512)f);
+}
+#else
+#define KERNEL_BF16_INSTRUCTIONS 0
+INLINE vhalf float_to_bf16v_instruction(vfloat f) { return float_to_bf16v(f); }
+#endif
+
+/* bf16_instructions: narrow bf16 with the CPU's instruction (only in functions built for it). */
+INLINE void store_from_float(aclDataType dtype, char *p, size_t i, vfloat v, int bf16_instructions)
 {
     if (dtype == ACL_FLOAT) {
         vstore((float *)p + i, canonical_f32v(v));
         return;
     }
-    vhalf h = dtype == ACL_FLOAT16 ? float_to_halfv(v) : float_to_bf16v(v);
+    vhalf h = dtype == ACL_FLOAT16 ? float_to_halfv(v)
+              : bf16_instructions  ? float_to_bf16v_instruction(v)
+                                   : float_to_bf16v(v);
     memcpy((uint16_t *)p + i, &h, sizeof h);
 }
 
@@ -230,7 +313,7 @@ INLINE void store_vector(aclDataType dtype, store_fn scalar, char *dst, int64_t 
     }
     const size_t element = dtype == ACL_FLOAT ? sizeof(float) : sizeof(uint16_t);
     size_t i = 0;
-    for (; i + LANES <= n; i += LANES) store_from_float(dtype, dst, i, vload(in + i));
+    for (; i + LANES <= n; i += LANES) store_from_float(dtype, dst, i, vload(in + i), 0);
     scalar(dst + i * element, 1, in + i, n - i);
 }
 
@@ -250,17 +333,17 @@ DEFINE_IO(bf16, ACL_BF16)
 /* -- the per-element computation of docs/kernel.md, one vector at a time: the same IEEE
  * operations in the same order as the scalar implementation -- */
 
-/* min(x0, c) and clip(x1, -c, c); a NaN stays NaN. */
+/* min(x0, c) and clip(x1, -c, c); a NaN stays NaN (it is the second operand). Where x equals
+ * the limit, either gives the same value (c > 0: no signed zero to tell apart). */
 INLINE void clamp_inputs(vfloat a_orig, vfloat b_orig, vfloat limit, vfloat neg_limit, vfloat *a, vfloat *b)
 {
-    *a = vselect((a_orig < limit) | (a_orig != a_orig), a_orig, limit);
-    vfloat bv = vselect((b_orig > neg_limit) | (b_orig != b_orig), b_orig, neg_limit);
-    *b = vselect((bv < limit) | (bv != bv), bv, limit);
+    *a = vmin_nan_second(limit, a_orig);
+    *b = vmin_nan_second(limit, vmax_nan_second(neg_limit, b_orig));
 }
 
-INLINE void swiglu_grads(vfloat g, vfloat a, vfloat b, vfloat *gx0, vfloat *gx1)
+/* The gradients from e = device_exp(a). */
+INLINE void grads_from_exp(vfloat g, vfloat a, vfloat b, vfloat e, vfloat *gx0, vfloat *gx1)
 {
-    vfloat e = device_expv(a);
     vfloat s = e / (e + 1.0f);
     vfloat silu = a * s;
     vfloat dsilu = s * (((1.0f - s) * a) + 1.0f);
@@ -268,12 +351,17 @@ INLINE void swiglu_grads(vfloat g, vfloat a, vfloat b, vfloat *gx0, vfloat *gx1)
     *gx1 = g * silu;
 }
 
+INLINE void swiglu_grads(vfloat g, vfloat a, vfloat b, vfloat *gx0, vfloat *gx1)
+{
+    grads_from_exp(g, a, b, device_expv(a), gx0, gx1);
+}
+
 /* The strict masks x0 < c and -c < x1 < c on the original values, applied by multiplication. */
 INLINE void apply_masks(vfloat a_orig, vfloat b_orig, vfloat limit, vfloat neg_limit, vfloat *gx0, vfloat *gx1)
 {
-    const vfloat one = vsplat(1.0f), zero = vsplat(0.0f);
-    *gx0 = *gx0 * vselect(a_orig < limit, one, zero);
-    *gx1 = *gx1 * vselect((neg_limit < b_orig) & (b_orig < limit), one, zero);
+    const vfloat one = vsplat(1.0f);
+    *gx0 = *gx0 * zero_unless(lanes_less(a_orig, limit), one);
+    *gx1 = *gx1 * zero_unless(lanes_less(neg_limit, b_orig) & lanes_less(b_orig, limit), one);
 }
 
 /* -- unfused, on float scratch: blocks are processed in whole vectors (scratch is BLOCK
@@ -309,12 +397,12 @@ INLINE vfloat pair_sums(vfloat a, vfloat b)
     return __builtin_shuffle(a, b, (vint)EVEN_LANES) + __builtin_shuffle(a, b, (vint)ODD_LANES);
 }
 
-/* tree_sum of 64 elements: the same additions in the same order, a vector at a time until
- * fewer than two vectors are left. */
-INLINE float tree_sum64(const float *v)
+/* The 64-lane tree: the same additions in the same order as tree64_scalar, a vector at a time
+ * until one vector is left. */
+INLINE float tree64_vector(const float *v)
 {
-    vfloat level[CHUNK / LANES];
-    size_t count = CHUNK / LANES;
+    vfloat level[REDUCE_LANES / LANES];
+    size_t count = REDUCE_LANES / LANES;
     for (size_t k = 0; k < count; k++) level[k] = vload(v + LANES * k);
     while (count > 1) {
         for (size_t k = 0; k < count / 2; k++) level[k] = pair_sums(level[2 * k], level[2 * k + 1]);
@@ -322,51 +410,78 @@ INLINE float tree_sum64(const float *v)
     }
     float rest[LANES];
     vstore(rest, level[0]);
-    return tree_sum(rest, LANES);
+    return tree_pow2(rest, LANES);
 }
 
-static void products_vector(const float *restrict gy, const float *restrict yo,
-                                       float *restrict products, size_t n)
+static float reduce_sum_vector(const float *acc, size_t n) { return reduce_sum_with(acc, n, tree64_vector); }
+
+/* gradWeight's products into its accumulator (exactly n written: acc holds later columns). */
+INLINE vfloat product_into(vfloat g, vfloat yo, const float *acc, int accumulate)
 {
-    for (size_t i = 0; i < n; i += LANES) vstore(products + i, vload(gy + i) * vload(yo + i));
+    vfloat p = g * yo;
+    return accumulate ? vload(acc) + p : p;
 }
 
-static size_t chunk_sums_vector(float *products, size_t n, float *restrict partials)
+static void products_vector(const float *restrict gy, const float *restrict yo, float *restrict acc, size_t n,
+                            int accumulate)
 {
-    size_t chunks = 0, c0 = 0;
-    for (; c0 + CHUNK <= n; c0 += CHUNK) partials[chunks++] = tree_sum64(products + c0);
-    if (c0 < n) partials[chunks++] = tree_sum(products + c0, n - c0);
-    return chunks;
+    size_t i = 0;
+    for (; i + LANES <= n; i += LANES) vstore(acc + i, product_into(vload(gy + i), vload(yo + i), acc + i, accumulate));
+    for (; i < n; i++) acc[i] = accumulate ? acc[i] + gy[i] * yo[i] : gy[i] * yo[i];
 }
 
 /* The whole per-element computation of docs/kernel.md on whole vectors, straight from the
  * inputs to the outputs; the same operations in the same order as the unfused functions. */
-INLINE size_t fused_body(aclDataType dtype, int clamp_on, int has_weight, const fused_block *b)
+/* `count` (1 or UNROLL) vectors from element i: every lane through the same operations. */
+#define UNROLL 2
+INLINE void fused_vectors(aclDataType dtype, int clamp_on, int has_weight, int bf16_instructions,
+                          const fused_block *b, size_t i, size_t count)
 {
-    const size_t n = b->n / LANES * LANES;
     const vfloat weight = vsplat(b->weight), limit = vsplat(b->clamp), neg_limit = vsplat(-b->clamp);
-    for (size_t i = 0; i < n; i += LANES) {
-        vfloat g = load_as_float(dtype, b->gy, i);
-        vfloat a_orig = load_as_float(dtype, b->x0, i);
-        vfloat b_orig = load_as_float(dtype, b->x1, i);
+    vfloat g[UNROLL], a_orig[UNROLL], b_orig[UNROLL], a[UNROLL], bv[UNROLL], e[UNROLL];
+    for (size_t k = 0; k < count; k++) {
+        const size_t at = i + k * LANES;
+        g[k] = load_as_float(dtype, b->gy, at);
+        a_orig[k] = a[k] = load_as_float(dtype, b->x0, at);
+        b_orig[k] = bv[k] = load_as_float(dtype, b->x1, at);
         if (has_weight) {
-            vstore(b->products + i, g * load_as_float(dtype, b->yo, i));
-            g = g * weight;
+            vstore(b->acc + at, product_into(g[k], load_as_float(dtype, b->yo, at), b->acc + at, b->accumulate));
+            g[k] = g[k] * weight;
         }
-        vfloat a = a_orig, bv = b_orig, gx0, gx1;
-        if (clamp_on) clamp_inputs(a_orig, b_orig, limit, neg_limit, &a, &bv);
-        swiglu_grads(g, a, bv, &gx0, &gx1);
-        if (clamp_on) apply_masks(a_orig, b_orig, limit, neg_limit, &gx0, &gx1);
-        store_from_float(dtype, b->gx0, i, gx0);
-        store_from_float(dtype, b->gx1, i, gx1);
+        if (clamp_on) clamp_inputs(a_orig[k], b_orig[k], limit, neg_limit, &a[k], &bv[k]);
     }
+    if (count == UNROLL) {
+        device_expv2(a, e);
+    } else {
+        e[0] = device_expv(a[0]);
+    }
+    for (size_t k = 0; k < count; k++) {
+        const size_t at = i + k * LANES;
+        vfloat gx0, gx1;
+        grads_from_exp(g[k], a[k], bv[k], e[k], &gx0, &gx1);
+        if (clamp_on) apply_masks(a_orig[k], b_orig[k], limit, neg_limit, &gx0, &gx1);
+        store_from_float(dtype, b->gx0, at, gx0, bf16_instructions);
+        store_from_float(dtype, b->gx1, at, gx1, bf16_instructions);
+    }
+}
+
+INLINE size_t fused_body(aclDataType dtype, int clamp_on, int has_weight, int bf16_instructions,
+                         const fused_block *block)
+{
+    const fused_block b = *block;   /* a local copy: the stores cannot change its fields */
+    const size_t n = b.n / LANES * LANES;
+    size_t i = 0;
+    for (; i + UNROLL * LANES <= n; i += UNROLL * LANES) {
+        fused_vectors(dtype, clamp_on, has_weight, bf16_instructions, &b, i, UNROLL);
+    }
+    for (; i < n; i += LANES) fused_vectors(dtype, clamp_on, has_weight, bf16_instructions, &b, i, 1);
     return n;
 }
 
 #define DEFINE_FUSED(suffix, dtype, clamp_on, has_weight)                                         \
-    static size_t fused_##suffix(const fused_block *b)                                  \
+    static size_t fused_##suffix(const fused_block *b)                                             \
     {                                                                                              \
-        return fused_body(dtype, clamp_on, has_weight, b);                                         \
+        return fused_body(dtype, clamp_on, has_weight, 0, b);                                      \
     }
 DEFINE_FUSED(f32, ACL_FLOAT, 0, 0)
 DEFINE_FUSED(f32_w, ACL_FLOAT, 0, 1)
@@ -381,6 +496,18 @@ DEFINE_FUSED(bf16_w, ACL_BF16, 0, 1)
 DEFINE_FUSED(bf16_c, ACL_BF16, 1, 0)
 DEFINE_FUSED(bf16_cw, ACL_BF16, 1, 1)
 
+#if KERNEL_BF16_INSTRUCTIONS
+#define DEFINE_FUSED_BF16_INSTRUCTIONS(suffix, clamp_on, has_weight)                               \
+    __attribute__((target("avx512bf16"))) static size_t fused_##suffix##_instructions(const fused_block *b) \
+    {                                                                                              \
+        return fused_body(ACL_BF16, clamp_on, has_weight, 1, b);                                   \
+    }
+DEFINE_FUSED_BF16_INSTRUCTIONS(bf16, 0, 0)
+DEFINE_FUSED_BF16_INSTRUCTIONS(bf16_w, 0, 1)
+DEFINE_FUSED_BF16_INSTRUCTIONS(bf16_c, 1, 0)
+DEFINE_FUSED_BF16_INSTRUCTIONS(bf16_cw, 1, 1)
+#endif
+
 static void scale_vector(float *v, size_t n, float w)
 {
     for (size_t i = 0; i < n; i += LANES) vstore(v + i, vload(v + i) * w);
@@ -394,11 +521,22 @@ static void exp_block_vector(const float *in, float *out, size_t n)
     for (; i < n; i++) out[i] = device_expf(in[i]);
 }
 
-#define VECTOR_COMMON grad_vector, grad_clamped_vector, products_vector, chunk_sums_vector, scale_vector, \
+#define VECTOR_COMMON grad_vector, grad_clamped_vector, products_vector, reduce_sum_vector, scale_vector, \
     exp_block_vector
+#define VECTOR_F32 {load_f32_vector, store_f32_vector, VECTOR_COMMON, {{fused_f32, fused_f32_w}, {fused_f32_c, fused_f32_cw}}}
+#define VECTOR_F16 {load_f16_vector, store_f16_vector, VECTOR_COMMON, {{fused_f16, fused_f16_w}, {fused_f16_c, fused_f16_cw}}}
 const kernel_impl KERNEL_TABLE[3] = {
-    {load_f32_vector, store_f32_vector, VECTOR_COMMON, {{fused_f32, fused_f32_w}, {fused_f32_c, fused_f32_cw}}},
-    {load_f16_vector, store_f16_vector, VECTOR_COMMON, {{fused_f16, fused_f16_w}, {fused_f16_c, fused_f16_cw}}},
+    VECTOR_F32,
+    VECTOR_F16,
     {load_bf16_vector, store_bf16_vector, VECTOR_COMMON,
      {{fused_bf16, fused_bf16_w}, {fused_bf16_c, fused_bf16_cw}}},
 };
+#if KERNEL_BF16_INSTRUCTIONS
+/* The same with the CPU's bf16 narrowing in the fused loops (for CPUs with AVX512_BF16). */
+const kernel_impl swiglu_vector_impls_avx512_bf16[3] = {
+    VECTOR_F32,
+    VECTOR_F16,
+    {load_bf16_vector, store_bf16_vector, VECTOR_COMMON,
+     {{fused_bf16_instructions, fused_bf16_w_instructions}, {fused_bf16_c_instructions, fused_bf16_cw_instructions}}},
+};
+#endif
