@@ -7,7 +7,8 @@
 # Needs python3, CMake >= 3.18 and ninja or make; everything else (scikit-build-core, build,
 # auditwheel, and zig, whose clang cross-compiles and links against glibc 2.28's symbols) comes
 # from PyPI into build/wheel-tools. No container, no root. The emulator inside the wheels is
-# built exactly as by `pip install .`, with zig's clang instead of the system compiler.
+# built exactly as by `pip install .`, with zig's clang instead of the system compiler, and the
+# golden-digest test built by the same compiler checks its bytes (under qemu-user for aarch64).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -47,5 +48,22 @@ for arch in "${archs[@]}"; do
     "$tools/bin/pip" wheel -q --disable-pip-version-check --no-build-isolation --no-deps -w wheelhouse "$sdist"
   wheel=$(ls wheelhouse/*-py3-none-"$plat".whl)
   "$py" tools/check_wheel.py --auditwheel "$tools/bin/auditwheel" "$wheel" "$plat"
+
+  # The kernel built by the same compiler must give the golden bytes (native/tests/test_golden.c);
+  # an aarch64 build runs under qemu-user when it is installed.
+  launcher=()
+  if [ "$arch" != "$(uname -m)" ]; then
+    if [ "$arch" != aarch64 ] || ! command -v qemu-aarch64 >/dev/null; then
+      echo "build_wheels.sh: cannot run $arch programs here, the $arch golden test was not run" >&2
+      continue
+    fi
+    launcher=(tools/qemu-aarch64-run)
+  fi
+  ACL_SWIGLU_ZIG="$zig" ACL_SWIGLU_ZIG_TARGET="${arch}-linux-gnu.${glibc}" \
+    cmake -S . -B "build/wheel-golden-$arch" -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_TOOLCHAIN_FILE="$root/cmake/toolchain-zig.cmake" > "build/wheel-golden-$arch.log"
+  ACL_SWIGLU_ZIG="$zig" ACL_SWIGLU_ZIG_TARGET="${arch}-linux-gnu.${glibc}" \
+    cmake --build "build/wheel-golden-$arch" -j2 --target test_golden >> "build/wheel-golden-$arch.log"
+  "${launcher[@]}" "build/wheel-golden-$arch/native/tests/test_golden"
 done
 ls -l wheelhouse
