@@ -1053,18 +1053,33 @@ static int fail_at_load_child(int expect_fault)
     return ok ? 0 : 1;
 }
 
+/* This program as ctest started it (argv[0]), set once in main before any thread. */
+static const char *self_program;
+
+/* Runs this program again in child mode. Under a user-mode emulator (a cross build run by
+ * qemu-user) /proc/self/exe is the emulator and the kernel cannot run the program itself, so
+ * the child goes through the same launcher, which CMake passes in ACL_EMU_TEST_LAUNCHER. */
+static void exec_self_child(const char *mode)
+{
+    const char *launcher = getenv("ACL_EMU_TEST_LAUNCHER");
+    if (launcher != NULL && launcher[0] != '\0') {
+        execlp(launcher, launcher, self_program, FAIL_CHILD_FLAG, mode, (char *)NULL);
+    } else {
+        execl("/proc/self/exe", "test_runtime", FAIL_CHILD_FLAG, mode, (char *)NULL);
+    }
+    _exit(3);
+}
+
 static void exec_with_good_plan(void)
 {
     setenv("ACL_EMU_FAIL", "aclrtMalloc:2:207018", 1);
-    execl("/proc/self/exe", "test_runtime", FAIL_CHILD_FLAG, "fault", (char *)NULL);
-    _exit(3);
+    exec_self_child("fault");
 }
 
 static void exec_with_bad_plan(void)
 {
     setenv("ACL_EMU_FAIL", "aclrtMalloc:two:207018", 1);
-    execl("/proc/self/exe", "test_runtime", FAIL_CHILD_FLAG, "none", (char *)NULL);
-    _exit(3);
+    exec_self_child("none");
 }
 
 static void test_fail_plan_from_environment(void)
@@ -1092,6 +1107,7 @@ static void test_emulator_extras(void)
 
 int main(int argc, char **argv)
 {
+    self_program = argv[0];
     if (argc == 3 && strcmp(argv[1], FAIL_CHILD_FLAG) == 0) {
         return fail_at_load_child(strcmp(argv[2], "fault") == 0);
     }

@@ -1,6 +1,6 @@
 /*
  * acl-swiglu: the ACL entry header (initialisation, error text, runtime).
- * Written for this project from the facts in SPEC.md section 2; values match CANN.
+ * Written for this project from the facts in docs/c_abi.md; values match CANN.
  */
 #ifndef ACL_SWIGLU_ACL_H
 #define ACL_SWIGLU_ACL_H

@@ -1,6 +1,6 @@
 /*
  * acl-swiglu: the aclnn meta API (tensors, int arrays, executors).
- * Written for this project from the facts in SPEC.md section 2; values match CANN.
+ * Written for this project from the facts in docs/c_abi.md; values match CANN.
  */
 #ifndef ACL_SWIGLU_ACL_META_H
 #define ACL_SWIGLU_ACL_META_H

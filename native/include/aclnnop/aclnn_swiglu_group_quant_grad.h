@@ -1,6 +1,6 @@
 /*
  * acl-swiglu: aclnnSwigluGroupQuantGrad, ABI revision 2 (groupIndex is an INT64 aclTensor).
- * Written for this project from the facts in SPEC.md sections 1-2.
+ * Written for this project from the facts in docs/operator.md and docs/c_abi.md.
  *
  * Revision 1 (the first published form of the operator) passes an aclIntArray * in the
  * groupIndex slot and uses clampLimit == 0 for "off"; the emulator implements it when
