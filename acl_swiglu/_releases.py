@@ -1,5 +1,5 @@
 """CANN releases that ship aclnnSwigluGroupQuantGrad: reading the installed version, and what is
-known about the releases that behave differently (SPEC section 7).
+known about the releases that behave differently (docs/cann_releases.md).
 
 Where the version is read from, first found wins (``<root>`` is the CANN root in use, ``<arch>``
 the machine, e.g. ``aarch64``):

@@ -434,7 +434,7 @@ def device_departures(x, clamp_limit=None, group_index=None, grad_y=None, weight
 
 @dataclass
 class Comparison:
-    """Verdict and figures of one output against the float64 reference (SPEC section 5)."""
+    """Verdict and figures of one output against the float64 reference (docs/operator.md (judging a result))."""
 
     passed: bool
     dtype: str
@@ -497,7 +497,7 @@ def _classes(v: np.ndarray) -> np.ndarray:
 
 
 def compare(actual, golden, dtype=None, departures=None) -> Comparison:
-    """Judge ``actual`` against the float64 ``golden`` per SPEC section 5.
+    """Judge ``actual`` against the float64 ``golden`` per docs/operator.md (judging a result).
 
     ``dtype`` is the output dtype (default ``actual.dtype``); the golden rounded to it decides
     which positions must be NaN or +-inf. ``departures`` (bool mask) excludes positions where

@@ -6,7 +6,7 @@ between two input sets, then synchronises) and --one-shot-calls one-shot calls, 
 bf16 with weight, clamp and group_index. It prints the emulator's live handle counts and the
 process RSS at the start, after warm-up, about every 10% of each phase, and at the end, and
 checks results along the way (the first result of each input set against the float64 reference
-with the SPEC section 5 verdict; every later one bit for bit against the first).
+with the docs/operator.md (judging a result) verdict; every later one bit for bit against the first).
 
 Exit status: 0 when the live counts at the end (after release_cached) equal those at the start,
 no live count grew inside a phase, RSS grew by at most --rss-bound-mib after warm-up and every
@@ -68,7 +68,7 @@ def make_inputs(seed: int):
 
 
 def judge_first(result, inputs, what: str) -> None:
-    """The first result of an input set must pass the SPEC section 5 verdict."""
+    """The first result of an input set must pass the docs/operator.md (judging a result) verdict."""
     ref_x, ref_w = reference.swiglu_group_quant_grad(*inputs, CLAMP)
     for got, golden, name in ((result[0], ref_x, "grad_x"), (result[1], ref_w, "grad_weight")):
         verdict = reference.compare(got, golden)

@@ -79,7 +79,7 @@ def model_exp(x) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- gradWeight order
-# SPEC section 1: the kernel cuts a row into tiles of its unified buffer, adds the later tiles into
+# docs/operator.md: the kernel cuts a row into tiles of its unified buffer, adds the later tiles into
 # an accumulator of the first tile's length, and the 950's ReduceSum sums that accumulator.
 
 UB_AVAILABLE = 253952 - 32 - 8192

@@ -1,7 +1,7 @@
-"""The binding against the contract (SPEC sections 1, 4, 5) on the emulator backend.
+"""The binding against the contract (docs/operator.md and docs/architecture.md and docs/operator.md (judging a result)) on the emulator backend.
 
 * the one-shot NumPy API over a grid of dtypes, options, group truncations, ranks, layouts and
-  both ABI revisions: the SPEC section 5 verdict against the float64 reference AND the exact bits
+  both ABI revisions: the docs/operator.md (judging a result) verdict against the float64 reference AND the exact bits
   of the emulator's kernel (tests/device_model.py);
 * the device-level API (explicit / default stream, given / allocated outputs, strided and
   foreign device arrays), the two phases on their own, reusable plans (also shared between

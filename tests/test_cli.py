@@ -52,7 +52,7 @@ NUM_GE0 = {"type": "number", "minimum": 0}
 SHAPE = {"type": "array", "items": INT_GE0}
 FIRST_VALUES = {"type": "array", "items": {"type": "number"}, "maxItems": 10}
 
-#: One output's verdict and figures (acl_swiglu.reference.Comparison.to_dict(), SPEC section 5).
+#: One output's verdict and figures (acl_swiglu.reference.Comparison.to_dict(), docs/operator.md (judging a result)).
 COMPARISON_SCHEMA = {
     "type": "object",
     "additionalProperties": False,
@@ -368,7 +368,7 @@ def same_values(got, want) -> bool:
 
 
 def assert_report_values(report, inputs):
-    """The JSON's first values: within the SPEC section 5 verdict against the float64 reference,
+    """The JSON's first values: within the docs/operator.md (judging a result) verdict against the float64 reference,
     and (on the emulator) bit-exactly the device model's."""
     gx, gw, mx, mw, dep = expected_first(inputs)
     x_dtype = inputs["x"].dtype
@@ -473,7 +473,7 @@ def test_default_values_match_reference_and_model(capsys):
     if on_emulator():
         assert printed_x == ["%f" % float(v) for v in mx]
         assert printed_w == ["%f" % float(v) for v in mw]
-        # what the documented example prints (the emulator's kernel is the device formula, SPEC 1)
+        # what the documented example prints (the emulator's kernel is the device formula, docs/operator.md)
         assert printed_x[:3] == ["-0.000000", "-0.000758", "-0.002106"]
         assert printed_w[:2] == ["312.598938", "314.938965"]
 

@@ -3,7 +3,7 @@
 Every test here is marked ``device``. tests/conftest.py skips them unless ACL_SWIGLU_BACKEND=cann,
 and in that mode it neither forces the emulator nor runs its leak check. The tests use only the
 public API (one-shot NumPy call, device arrays on a stream, a reused plan, the sample CLI) and
-judge every result against the float64 reference with the SPEC section 5 verdict
+judge every result against the float64 reference with the docs/operator.md (judging a result) verdict
 (``reference.compare`` with ``reference.device_departures``): nothing here needs the emulator.
 
 Running them on an Ascend host
@@ -18,7 +18,7 @@ Running them on an Ascend host
 Run pytest from the repository root with the venv's own ``pytest`` executable, so that the
 installed package (with its compiled parts) is imported, not the source tree. Options:
 ACL_SWIGLU_DEVICE_ID=<n> picks the device (default 0); ACL_SWIGLU_ABI=1 if the installed CANN has
-the seed document's signature of the operator (aclIntArray groupIndex, clamp 0 = off) instead of
+revision 1 of the operator (its first published form: aclIntArray groupIndex, clamp 0 = off) instead of
 revision 2 (INT64 tensor groupIndex, clamp -1 = off; the default); a custom operator package is
 found through ASCEND_CUSTOM_OPP_PATH / ASCEND_OPP_PATH. ``test_backend_is_real_cann`` fails if
 the libraries loaded are not CANN's.
@@ -117,7 +117,7 @@ def every_other_row_strides(shape):
 
 
 def judge(what, inputs, grad_x, grad_weight, trunc):
-    """SPEC section 5 against the float64 reference, plus the operator's documented +0.0 rows."""
+    """docs/operator.md (judging a result) against the float64 reference, plus the operator's documented +0.0 rows."""
     grad_y, x, weight, y_origin, group_index, clamp = inputs
     golden_x, golden_w = reference.swiglu_group_quant_grad(grad_y, x, weight, y_origin, group_index, clamp)
     assert isinstance(grad_x, np.ndarray) and grad_x.shape == x.shape and grad_x.dtype == x.dtype, what

@@ -1,5 +1,5 @@
 """Tests of the bit-exact emulator-kernel model (tests/device_model.py) and of its agreement with
-the float64 reference under the SPEC section 5 verdict."""
+the float64 reference under the docs/operator.md (judging a result) verdict."""
 
 import math
 import os
@@ -73,7 +73,7 @@ def test_model_exp_is_float32_only():
 
 
 # ----------------------------------------------------------------------------- gradWeight order
-# Expected orders written here from the text of SPEC section 1, one float32 addition at a time,
+# Expected orders written here from the text of docs/operator.md, one float32 addition at a time,
 # independently of the vectorised model.
 
 U = F32(2.0**-24)  # 1 + U rounds (half to even) back to 1
@@ -249,7 +249,7 @@ def test_tiling_of_release(text, tiling):
     assert M.tiling_of_release(text) == tiling
 
 
-# (dtype, clamp, H, tiling): every split case of SPEC section 1 and the 9.1.0 factors
+# (dtype, clamp, H, tiling): every split case of docs/operator.md and the 9.1.0 factors
 SPLITS = [(BF16, True, 2048, M.TILING_CURRENT), (BF16, True, 2560, M.TILING_CURRENT),
           (BF16, True, 4096, M.TILING_CURRENT), (np.float16, True, 2048, M.TILING_CURRENT),
           (np.float16, True, 2560, M.TILING_CURRENT), (np.float16, True, 4096, M.TILING_CURRENT),

@@ -65,7 +65,7 @@ PHASE2 = "aclnnSwigluGroupQuantGrad"
 # Every C function the package declares (C symbol: the two phase-1 revisions share one).
 DECLARED_APIS: Tuple[str, ...] = tuple(dict.fromkeys(decl[2] for decl in _ffi.DECLARATIONS))
 
-# Realistic codes per call (SPEC section 2). Phases get two codes each: every (api, N) of a
+# Realistic codes per call (docs/c_abi.md). Phases get two codes each: every (api, N) of a
 # phase is injected once with each.
 CODES: Dict[str, Tuple[int, ...]] = {
     "aclInit": (500000,),                    # ACL_ERROR_INTERNAL_ERROR

@@ -1,6 +1,6 @@
 """The loader (acl_swiglu/_loader.py) against FAKE CANN roots built in tmp_path.
 
-SPEC sections 2 and 4: backend selection by ACL_SWIGLU_BACKEND (auto | cann | emulator); search
+docs/c_abi.md and docs/architecture.md: backend selection by ACL_SWIGLU_BACKEND (auto | cann | emulator); search
 order ACL_SWIGLU_LIB_DIR, ASCEND_HOME_PATH, ASCEND_TOOLKIT_HOME (each <root>/lib64 and
 <root>/<arch>-linux/lib64), the default roots, the system loader; runtime libascendcl.so else
 libacl_rt.so; meta libnnopbase.so; operator from a custom libcust_opapi.so, then libopapi_nn.so,
@@ -372,7 +372,7 @@ def test_ascend_home_path_before_ascend_toolkit_home(tmp_path, fake_libs):
 
 def test_stale_ascend_home_path_reports_the_root_actually_used(tmp_path, fake_libs):
     """ASCEND_HOME_PATH names a root that is gone; the libraries come from ASCEND_TOOLKIT_HOME, and
-    backend_info().root must say so (SPEC 4: it never hides which libraries are used)."""
+    backend_info().root must say so (docs/architecture.md: it never hides which libraries are used)."""
     toolkit = make_root(tmp_path / "toolkit", fake_libs, STANDARD)
     gone = tmp_path / "uninstalled-cann"
     info = expect_info(discover(tmp_path, ASCEND_HOME_PATH=gone, ASCEND_TOOLKIT_HOME=toolkit))
@@ -733,7 +733,7 @@ def test_system_loader_when_no_root_is_configured(tmp_path, fake_libs):
     assert info["root"] is None
     assert result["markers"] == {"runtime": "ascendcl", "meta": "nnopbase", "operator": "opapi"}
     assert runtime_warnings(result) == []
-    # Every library PATH is reported (SPEC 4), not just the name handed to dlopen.
+    # Every library PATH is reported (docs/architecture.md), not just the name handed to dlopen.
     assert (info["runtime"], info["meta"], info["operator"]) == (
         str(libdir / "libascendcl.so"), str(libdir / "libnnopbase.so"), str(libdir / "libopapi.so"))
 

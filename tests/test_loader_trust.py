@@ -1,4 +1,4 @@
-"""Loading only libraries that can be trusted (SPEC section 4, "Trust").
+"""Loading only libraries that can be trusted (docs/architecture.md, "Trust").
 
 Each scenario builds a real fake CANN root in tmp_path with the gcc-built fake libraries of
 test_loader.py, gives its files and directories explicit modes (never the machine's umask) and,

@@ -7,7 +7,7 @@ rank allows) and values (NaN with any payload, +-inf, -0.0, the dtype's max, tin
 subnormals, arbitrary bit patterns):
 
 * the emulator's output equals tests/device_model.py bit for bit (the model is exact);
-* on finite moderate values, the SPEC section 5 verdict against the float64 reference passes;
+* on finite moderate values, the docs/operator.md (judging a result) verdict against the float64 reference passes;
 * targeted device behaviour: x0 >= 88.72284 without clamp gives NaN in both columns of that
   position; clamp-masked positions are multiplied by 0 (a finite gradient becomes +-0 with the
   product's sign); rows past trunc are +0 bits whatever the inputs.

@@ -1,5 +1,5 @@
 """The installed CANN version (read from fake roots laid out like the older ascend-toolkit/<v> and the
-newer cann-<v> installs) and what is known about the releases of SPEC section 7."""
+newer cann-<v> installs) and what is known about the releases of docs/cann_releases.md."""
 
 from __future__ import annotations
 

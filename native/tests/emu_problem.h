@@ -1,5 +1,5 @@
 /* A small SwiGLU-backward problem for the emulator's C tests: host data, device buffers and
- * tensors, phase 1, a synchronised launch and the SPEC section 1 math to check results by. */
+ * tensors, phase 1, a synchronised launch and the docs/operator.md math to check results by. */
 #ifndef ACL_SWIGLU_EMU_PROBLEM_H
 #define ACL_SWIGLU_EMU_PROBLEM_H
 
@@ -160,7 +160,7 @@ static inline aclOpExecutor *phase1_ok(const prob *p, double clamp)
     return ex;
 }
 
-/* ---- the expected result (SPEC section 1, in double) ---- */
+/* ---- the expected result (docs/operator.md, in double) ---- */
 
 static inline int64_t expected_trunc(const int64_t *groups, int64_t G, int64_t T)
 {

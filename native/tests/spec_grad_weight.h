@@ -1,5 +1,5 @@
 /*
- * gradWeight's summation order written for the tests straight from the text of SPEC section 1
+ * gradWeight's summation order written for the tests straight from the text of docs/operator.md
  * (tiling of a row, accumulation over tiles, ReduceSum by element count), in a form of its own:
  * the 64-lane tree recursively by halves, each ReduceSum case as its own formula. It shares no
  * code with the kernel.

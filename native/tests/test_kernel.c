@@ -1386,7 +1386,7 @@ static void test_empty(void)
     }
 }
 
-/* gradWeight's order through the whole operator (SPEC section 1's ReduceSum, rows of one tile).
+/* gradWeight's order through the whole operator (docs/operator.md's ReduceSum, rows of one tile).
  * Products chosen so that the order and a left-to-right sum differ. */
 static void test_gradweight_order(void)
 {

@@ -1,7 +1,7 @@
-/* gradWeight bit for bit in the device's order (SPEC section 1): the tiling of each release, the
+/* gradWeight bit for bit in the device's order (docs/operator.md): the tiling of each release, the
  * ReduceSum of every element-count case, rows split across tiles, signed zeros meeting the +0.0
  * padding lanes; in the scalar kernel and every vector build this CPU runs, with 1 and 3 threads.
- * Expected values come from spec_grad_weight.h (written from the SPEC text) and from sums worked
+ * Expected values come from spec_grad_weight.h (written from the text of docs/operator.md) and from sums worked
  * out by hand. */
 #include <math.h>
 #include <stdint.h>
@@ -171,7 +171,7 @@ static const size_t reduce_shapes[] = {1, 2, 3, 63, 64, 65, 100, 127, 128, 129, 
                                        256, 257, 300, 320, 1000, 2032, 2047, 3408, 3838, 4095, 4096};
 #define REDUCE_SHAPE_COUNT (sizeof reduce_shapes / sizeof reduce_shapes[0])
 
-/* Random data of every shape against the SPEC-text ReduceSum; for the lane-folding shapes the
+/* Random data of every shape against the docs/operator.md ReduceSum; for the lane-folding shapes the
  * data also tells that order from the old chunk order. */
 static void test_reduce_random(void)
 {
@@ -360,7 +360,7 @@ static int check_rows(aclDataType dtype, int clamp_on, int64_t rows, int64_t hid
     return split_differs;
 }
 
-/* Random wide-range rows of every split case: the kernel matches the SPEC-text order, and the
+/* Random wide-range rows of every split case: the kernel matches the docs/operator.md order, and the
  * data tells it from the chunk order of the whole row. */
 static void test_split_rows_random(void)
 {

@@ -1,13 +1,13 @@
 /*
- * The seed document's example, done correctly, written ONLY from SPEC.md section 2 (and the
- * section 1 math): no project header is included. Every type, enum value, status code and
- * prototype below is declared here from the SPEC text; the three libraries are opened with
+ * The operator's documented C++ example, done correctly, written ONLY from docs/c_abi.md (and the
+ * math of docs/operator.md): no project header is included. Every type, enum value, status code and
+ * prototype below is declared here from the text of those pages; the three libraries are opened with
  * dlopen from the directory given as argv[1] and every function is looked up with dlsym.
  *
  * gradY [512,512], x [512,1024], yOrigin [512,512] and gradX are FLOAT16 with real fp16 data;
  * weight [512,1] and gradWeight [512,1] are FLOAT; groupIndex {256, 256} is an INT64 device
  * tensor (ABI revision 2); clampLimit 1.0. Every output element is compared with the math in
- * double (SPEC section 5 tolerances), and a repeatable executor must reproduce the bits.
+ * double (docs/operator.md (judging a result) tolerances), and a repeatable executor must reproduce the bits.
  */
 #include <dlfcn.h>
 #include <math.h>
@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- the C ABI, from SPEC.md section 2 ---- */
+/* ---- the C ABI, from docs/c_abi.md ---- */
 
 typedef int aclError;
 typedef int32_t aclnnStatus;
@@ -303,8 +303,8 @@ static int64_t numel(const int64_t *shape, int n)
     return k;
 }
 
-/* aclrtMalloc + aclrtMemcpy + aclCreateTensor with explicit contiguous strides, as the seed's
- * CreateAclTensor does (host == NULL: zero the memory with aclrtMemset instead). */
+/* aclrtMalloc + aclrtMemcpy + aclCreateTensor with explicit contiguous strides, as the documented
+ * example's CreateAclTensor does (host == NULL: zero the memory with aclrtMemset instead). */
 static dev_tensor make_tensor(const void *host, size_t element_size, const int64_t *shape, int n,
                               aclDataType dtype)
 {
@@ -331,7 +331,7 @@ static void free_tensor(dev_tensor *d)
     CHECK_OK(api.aclrtFree(d->addr));
 }
 
-/* SPEC section 1 in double, from the values the device sees (fp16 inputs widened exactly). */
+/* docs/operator.md in double, from the values the device sees (fp16 inputs widened exactly). */
 static void reference(const uint16_t *gy16, const uint16_t *x16, const float *w,
                       const uint16_t *yo16, int64_t trunc, double clamp, double *gx, double *gw)
 {
@@ -407,7 +407,7 @@ static void run_example(void)
     dev_tensor gx = make_tensor(NULL, 2, x_shape, 2, ACL_FLOAT16);
     dev_tensor gwt = make_tensor(NULL, sizeof(float), w_shape, 2, ACL_FLOAT);
 
-    /* A failing call sets the thread's message (SPEC section 1). */
+    /* A failing call sets the thread's message (docs/operator.md). */
     uint64_t workspace_size = 0;
     aclOpExecutor *executor = NULL;
     CHECK(api.aclnnSwigluGroupQuantGradGetWorkspaceSize(NULL, x.tensor, wt.tensor, yo.tensor,

@@ -1,7 +1,7 @@
 /* The emulator's strictness around the operator: device memory rules at phase 1 and 2
  * (docs/emulator.md "The operator" step 5 and "Phase 2"), executor life cycles, workspace
  * rules, stream ordering, memory freed under queued work, threads without a device, and when
- * each ABI revision reads groupIndex. Results are checked against the SPEC section 1 math. */
+ * each ABI revision reads groupIndex. Results are checked against the docs/operator.md math. */
 #define _GNU_SOURCE
 #include <math.h>
 #include <pthread.h>

@@ -1,5 +1,5 @@
 /*
- * SwiGLU backward (SPEC section 1) in fp32, operation by operation in the device's order
+ * SwiGLU backward (docs/operator.md) in fp32, operation by operation in the device's order
  * (docs/kernel.md). Every operation is a plain IEEE single-precision one (the file is built
  * with -ffp-contract=off), and every NaN is stored in one canonical form, so the output bits do
  * not depend on the vector width, the instruction set or the thread count: rows are independent

@@ -1,5 +1,5 @@
 /*
- * The SwiGLU-backward kernel of the emulator (SPEC section 1), free of any emulator state so
+ * The SwiGLU-backward kernel of the emulator (docs/operator.md), free of any emulator state so
  * that tests and benchmarks can drive it directly.
  */
 #ifndef ACL_SWIGLU_SWIGLU_KERNEL_H
@@ -84,7 +84,7 @@ int64_t swiglu_tile_length(aclDataType dtype, int has_weight, int clamp_on, int6
 /* The largest n swiglu_kernel_reduce_sum takes (the first tile of a weighted row is shorter). */
 #define SWIGLU_REDUCE_MAX 4096
 
-/* The variant's ReduceSum of in[0..n) (SPEC section 1, for tests): 0, -1 when n > SWIGLU_REDUCE_MAX,
+/* The variant's ReduceSum of in[0..n) (docs/operator.md, for tests): 0, -1 when n > SWIGLU_REDUCE_MAX,
  * -2 when the variant cannot run here. */
 int swiglu_kernel_reduce_sum(swiglu_kernel_variant variant, const float *in, size_t n, float *out);
 

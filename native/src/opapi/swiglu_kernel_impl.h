@@ -154,7 +154,7 @@ typedef struct {
     size_t (*fused[2][2])(const fused_block *block);
 } kernel_impl;
 
-/* ---- gradWeight's ReduceSum (SPEC section 1, docs/kernel.md) ---- */
+/* ---- gradWeight's ReduceSum (docs/operator.md, docs/kernel.md) ---- */
 
 /* acc[0..n), n <= 256, as the 64 lanes the device's ReduceSum first makes of it: lane i is
  * (acc[i] + acc[64+i]) + (acc[128+i] + acc[192+i]) with the terms past n left out (and

@@ -1,6 +1,6 @@
 /*
  * How the device's kernel cuts a row of H elements into tiles of its unified buffer (UB), per
- * release (SPEC sections 1 and 7, docs/kernel.md): the tiles decide the order in which gradWeight
+ * release (docs/operator.md and docs/cann_releases.md, docs/kernel.md): the tiles decide the order in which gradWeight
  * is summed. Pure functions, internal to the kernel.
  */
 #ifndef ACL_SWIGLU_SWIGLU_TILING_H
