@@ -31,6 +31,15 @@ def acl_dtype(dtype) -> int:
     return _TO_ACL[np.dtype(dtype)]
 
 
+def is_device_dtype(dtype: np.dtype) -> bool:
+    """True for the dtypes an aclTensor can describe (device arrays hold only these)."""
+    return dtype in _TO_ACL and dtype.isnative
+
+
+def allowed_dtype_text() -> str:
+    return ", ".join(dtype_name(d) for d in _TO_ACL)
+
+
 def dtype_name(dtype) -> str:
     dtype = np.dtype(dtype)
     if not dtype.isnative:
