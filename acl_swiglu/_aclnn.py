@@ -25,7 +25,8 @@ from . import _ffi
 from ._device import DeviceArray, DeviceBuffer, Stream, default_stream
 from ._scratch import CallScratch
 from .errors import ArgumentError, HandleClosedError, HostMemoryError
-from .runtime import Owned, at_fork_in_child, close_epoch, in_forked_child, pin, runtime_api, unpin, used_on
+from .runtime import (Owned, at_fork_in_child, close_epoch, free_collected, in_forked_child, pin, runtime_api, unpin,
+                      used_on)
 from .tensor import AclIntArray, tensor_for
 
 
@@ -354,6 +355,7 @@ at_fork_in_child(_reset_after_fork)
 def thread_stream() -> Stream:
     """A private stream per thread for one-shot calls, so threads do not wait on each other.
     It (and its workspace) goes when the thread ends."""
+    free_collected()   # e.g. the streams of threads that ended
     stream = getattr(_thread_state, "stream", None)
     if stream is None or stream.closed:
         stream = _thread_state.stream = Stream()
@@ -367,6 +369,7 @@ def release_cached() -> None:
     (they are made again on demand). Call it when no call is in flight, e.g. between tests."""
     if in_forked_child():
         return   # the parent's device resources are not this process's to free
+    free_collected()
     with _thread_streams_lock:
         streams = list(_thread_streams)
         _thread_streams.clear()

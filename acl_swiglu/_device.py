@@ -20,7 +20,7 @@ from . import _ffi
 from ._checks import ADDRESS_MAX, INT64_MAX, whole_number
 from ._dtypes import allowed_dtype_text, dtype_name, is_device_dtype
 from .errors import ArgumentError, HandleClosedError
-from .runtime import Life, Owned, at_fork_in_child, in_forked_child, pin, runtime_api, unpin
+from .runtime import Life, Owned, at_fork_in_child, free_collected, in_forked_child, pin, runtime_api, unpin
 
 ACL_MEM_MALLOC_HUGE_FIRST = 0
 MEMCPY_HOST_TO_DEVICE = 1
@@ -257,6 +257,7 @@ class DeviceBuffer(Owned):
         super().__init__()
         self.nbytes = _check_nbytes(nbytes)
         api = runtime_api()
+        free_collected()
         ptr = ctypes.c_void_p()
         api.aclrtMalloc(ctypes.byref(ptr), self.nbytes, ACL_MEM_MALLOC_HUGE_FIRST)
         raw_free = api.raw.aclrtFree

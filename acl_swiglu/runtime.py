@@ -69,6 +69,7 @@ class _Runtime:
         self.local = threading.local()
         self.owned: "Dict[int, weakref.finalize]" = {}
         self.owned_counter = 0
+        self.graveyard: List[Life] = []   # collected on a thread without a device: freed later
 
     # -- setup --
 
@@ -152,7 +153,10 @@ class _Runtime:
         return finalizer
 
     def collected(self, life: Life) -> None:
-        """The owner was garbage-collected (or the process is exiting): release once unused."""
+        """The owner was garbage-collected (or the process is exiting): release once unused.
+        A collection can run on any thread, also one that never used ACL or is ending (its
+        thread-local state already gone): then the free waits for the next call that can make
+        it, rather than binding a device on that thread."""
         with _state_lock:
             if life.closed:
                 return
@@ -160,7 +164,19 @@ class _Runtime:
             close_epoch[0] += 1
             if life.pins:
                 return
-        self.retire(life)
+        bound = getattr(self.local, "generation", -1) == self.generation
+        if bound or not self.initialized or self.shut_down or self.pid != os.getpid():
+            self.retire(life)   # freed now, or (not initialised, exiting, forked) never by us
+        else:
+            with self.lock:
+                self.graveyard.append(life)
+
+    def bury(self) -> None:
+        """Frees what was collected on threads without a device (call on a thread with one)."""
+        with self.lock:
+            lives, self.graveyard = self.graveyard, []
+        for life in lives:
+            self.retire(life)
 
     def retire(self, life: Life) -> None:
         """Frees a closed, unpinned handle after the streams that used it are past that work."""
@@ -190,6 +206,12 @@ class _Runtime:
         """At exit: frees what is still owned (newest first), then finalises what we initialised."""
         if self.pid != os.getpid():
             return   # a forked child must not touch the parent's device state
+        if self.initialized and not self.shut_down:
+            try:
+                self.api()
+                self.bury()
+            except Exception:   # exit must finish
+                pass
         with self.lock:
             pending = [self.owned[k] for k in sorted(self.owned, reverse=True)]
         for finalizer in pending:
@@ -218,6 +240,7 @@ class _Runtime:
         self.lock = threading.RLock()
         self.local = threading.local()
         self.owned = {}
+        self.graveyard = []
         if not self.initialized:
             self.pid = os.getpid()   # the parent never touched ACL: this process may start afresh
 
@@ -270,6 +293,13 @@ def set_device(device_id: int) -> None:
     """Chooses the device for this thread and for every thread that has no device of its own
     (threads whose device was set by the caller or a framework keep theirs)."""
     _runtime.set_device(device_id)
+
+
+def free_collected() -> None:
+    """Frees handles whose owners were garbage-collected on threads without a device."""
+    if _runtime.graveyard:
+        _runtime.api()
+        _runtime.bury()
 
 
 def synchronize_device() -> None:
