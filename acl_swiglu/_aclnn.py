@@ -205,8 +205,16 @@ class Executor(Owned):
     def launch(self, stream: Optional[Stream] = None, workspace=None) -> None:
         """Phase 2 on `stream` (default stream if None). The work runs asynchronously: wait
         with stream.synchronize() or read an output with to_numpy(), which waits for its writer."""
-        self.check_open("this Executor (a single-use executor is consumed by its launch)")
         stream = stream_argument(stream)
+        own = [self._life]
+        pin(own)   # a close() from another thread now waits for the end of this launch
+        try:
+            self._launch_pinned(stream, workspace)
+        finally:
+            unpin(own, stream._life)
+
+    def _launch_pinned(self, stream: Stream, workspace) -> None:
+        self.check_open("this Executor (a single-use executor is consumed by its launch)")
         handle = self._as_parameter_
         epoch = close_epoch[0]
         check_open(self._arrays)
@@ -224,13 +232,15 @@ class Executor(Owned):
         else:
             stream.run_with_workspace(self.workspace_size, lambda ptr: self._launch_now(handle, ptr, stream))
         mark_written(outputs, stream)
-        used_on(self._pinned + [self._life], stream._life)
+        used_on(self._pinned, stream._life)
         if not self.repeatable:
             self._unpin.detach()
             unpin(self._pinned, stream._life)
             self._pinned.clear()
         if close_epoch[0] != epoch:
-            check_open(self._arrays)   # closed during the launch: the call must not succeed
+            if self.repeatable:   # (a single-use one was consumed by the launch itself)
+                self.check_open("this Executor")   # closed during the launch: the call must not succeed
+            check_open(self._arrays)
 
     def _launch_now(self, handle, workspace_ptr, stream: Stream) -> None:
         api = runtime_api()
@@ -298,7 +308,7 @@ def device_call(operator: Operator, arguments: dict, stream) -> Dict[str, Device
     revision = operator.revision()
     problem = operator.validate_device(arguments, revision)
     arrays = operator.device_arrays(arguments, revision)
-    check_open(arrays)
+    check_open(arrays)   # before anything is made; checked again once pinned
     stream = stream_argument(stream)
     made = {}
     try:
@@ -310,17 +320,24 @@ def device_call(operator: Operator, arguments: dict, stream) -> Dict[str, Device
             array.close()
         raise
     outputs = [arrays[name] for name in operator.output_names if name in arrays]
+    # Pinned before the open check: a close() from another thread from here on leaves the
+    # memory to the end of this call, and makes the call fail.
+    pinned = lives_of(arrays.values())
+    pin(pinned)
     epoch = close_epoch[0]
-    pinned = []
     try:
+        check_open(arrays)
         api = runtime_api()
         wait_for_other_writers([a for name, a in arrays.items() if name not in operator.output_names], stream)
         with ExitStack() as stack:
             handles = [_host_input(operator, name, arguments[name], stack)
                        if name in revision.host_inputs and arguments.get(name) is not None
                        else tensor_for(arguments.get(name)) for name in operator.slot_names]
-            pinned = lives_of(arrays.values())
-            pin(pinned)
+            tensors = [h._life for h in handles if h is not None and h._life not in pinned]
+            pin(tensors)
+            pinned.extend(tensors)
+            if close_epoch[0] != epoch:
+                check_open(arrays)
             executor, size = operator.phase1(api, revision, problem, handles)
             launch_single_use(operator, api, executor, size, stream)
     except BaseException:
