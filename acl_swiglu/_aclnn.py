@@ -158,9 +158,30 @@ def wait_for_other_writers(arrays, stream: Stream) -> None:
 
 
 def mark_written(outputs, stream: Stream) -> None:
+    """Records the stream whose queued work writes these arrays (their readers wait for it)."""
     for array in outputs:
         if array is not None:
             array.pending = stream
+            if array._readers is not None:
+                note_write(array, stream)
+
+
+def note_write(array: DeviceArray, stream: Stream) -> None:
+    """Tells the plans reading `array` on another stream to wait for this write."""
+    for plan in list(array._readers):
+        if plan.stream is not stream:
+            plan._foreign_writes = True
+
+
+def start_reading(array: DeviceArray, plan) -> None:
+    if array._readers is None:
+        array._readers = weakref.WeakSet()
+    array._readers.add(plan)
+
+
+def stop_reading(array: DeviceArray, plan) -> None:
+    if array._readers is not None:
+        array._readers.discard(plan)
 
 
 def lives_of(arrays) -> list:
@@ -333,7 +354,9 @@ def device_call(operator: Operator, arguments: dict, stream) -> Dict[str, Device
             handles = [_host_input(operator, name, arguments[name], stack)
                        if name in revision.host_inputs and arguments.get(name) is not None
                        else tensor_for(arguments.get(name)) for name in operator.slot_names]
-            tensors = [h._life for h in handles if h is not None and h._life not in pinned]
+            # (host values were read by phase 1 already: those need no pin)
+            tensors = [h._life for name, h in zip(operator.slot_names, handles)
+                       if h is not None and name not in revision.host_inputs and h._life not in pinned]
             pin(tensors)
             pinned.extend(tensors)
             if close_epoch[0] != epoch:

@@ -353,6 +353,7 @@ class DeviceArray:
             self.strides = tuple(whole_number(s, "strides", 0) for s in strides)
         self.offset = whole_number(offset, "offset")
         self.pending: Optional[Stream] = None   # last stream with queued writes to it
+        self._readers = None                     # plans that read it (told about writes to it)
         self._tensor = None                      # cached aclTensor for this exact view
         self._dead = False
         self._layout = (self.shape, self.dtype, self.strides, self.offset)

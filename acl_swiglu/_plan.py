@@ -18,7 +18,7 @@ from threading import get_ident as _get_ident
 from typing import Dict, Optional, Tuple
 
 from . import _ffi
-from ._aclnn import Executor, Operator, check_open, lives_of, stream_argument, wait_for_other_writers
+from ._aclnn import Executor, Operator, check_open, lives_of, note_write, start_reading, stop_reading, stream_argument
 from ._device import DeviceArray, DeviceBuffer, Stream
 from .errors import ArgumentError, HandleClosedError
 from .runtime import at_fork_in_child, close_epoch, in_forked_child, pin, runtime_api, unpin, used_on
@@ -100,6 +100,8 @@ class Plan:
         self._workspace: Optional[DeviceBuffer] = None
         self._hot_call = None
         self._last_thread = None
+        self._inputs = ()
+        self._foreign_writes = False   # set when another stream writes one of the inputs
         self._pinned = []   # lives of the bound arrays and the stream, shared with the finalizer
         self._unpin = weakref.finalize(self, unpin, self._pinned, self.stream._life)
         _plans.add(self)
@@ -202,8 +204,14 @@ class Plan:
     def _set_outputs(self) -> None:
         self._outputs = tuple(self._slots[name] for name in self._operator.output_names)
         self._written = tuple(a for a in self._outputs if a is not None)
-        self._inputs = tuple(a for name, a in self._slots.items()
-                             if a is not None and name not in self._operator.output_names)
+        inputs = tuple(a for name, a in self._slots.items() if a is not None and name not in self._operator.output_names)
+        for array in self._inputs:
+            if array not in inputs:
+                stop_reading(array, self)
+        for array in inputs:
+            start_reading(array, self)
+        self._inputs = inputs
+        self._foreign_writes = True   # newly bound inputs may have writes queued elsewhere
 
     @property
     def workspace_size(self) -> int:
@@ -216,8 +224,6 @@ class Plan:
         arrays rebound (others keep their last binding) and returns the bound outputs. The work
         is queued on the plan's stream; with synchronize=True the call also waits for it (one
         call instead of two on the hot path)."""
-        if arrays or named:
-            return self._rebind_and_launch(arrays, named, synchronize)
         ident = _get_ident()
         if ident != self._last_thread:
             runtime_api()   # a thread's first call: bind it to a device
@@ -227,24 +233,32 @@ class Plan:
             self._acquire_contended(ident)
         self._owner = ident
         try:
-            # The hot path needs the C helper and nothing closed since the last check (close()
-            # clears _hot_call, so a closed plan never takes it).
-            hot = self._hot_call
+            if arrays or named:
+                self._rebind_all(arrays, named)
             checked = self._checked_at
-            if hot is not None and checked == close_epoch[0]:
+            if checked != close_epoch[0]:
+                # Something was closed since the last check (a plan's own close() resets
+                # _checked_at, so a closed plan always gets here).
+                self._check_bindings()
+                checked = self._checked_at
+            if self._foreign_writes:
+                self._wait_for_foreign_writes()
+            hot = self._hot_call
+            if hot is not None:
                 status = hot(self._hot_arguments, _SYNC_ON if synchronize else _SYNC_OFF, self._hot_failed)
                 if status:
                     self._raise_launch_failure(status, self._hot_failed_value.value == 1)
-                if checked != close_epoch[0]:
-                    self._check_bindings()   # something closed during the launch: this call fails
-                if not synchronize:
-                    stream = self.stream
-                    for array in self._written:
-                        array.pending = stream
-                return self._outputs
-            if self._closed:
-                raise HandleClosedError(f"this {type(self).__name__} was closed")
-            return self._launch_locked(synchronize)
+            else:
+                self._launch_from_python(synchronize)
+            if checked != close_epoch[0]:
+                self._check_bindings()   # something was closed during the launch: this call fails
+            if not synchronize:
+                stream = self.stream
+                for array in self._written:
+                    array.pending = stream
+                    if array._readers is not None:
+                        note_write(array, stream)
+            return self._outputs
         finally:
             self._owner = None
             lock.release()
@@ -256,12 +270,32 @@ class Plan:
         self._lock.acquire()
 
     def _check_bindings(self) -> None:
-        """Every bound array, and the stream, must still be open."""
+        """The plan, every bound array, and the stream must still be open."""
+        if self._closed:
+            raise HandleClosedError(f"this {type(self).__name__} was closed")
         check_open(self._arrays)
         self.stream.check_open("stream")
         self._checked_at = close_epoch[0]
 
-    def _rebind_and_launch(self, arrays, named, synchronize: bool):
+    def _wait_for_foreign_writes(self) -> None:
+        """An input was written on another stream since the last call: wait for that write."""
+        self._foreign_writes = False
+        stream = self.stream
+        for array in self._inputs:
+            if array.pending is not None and array.pending is not stream:
+                array.wait_for_writer()
+
+    def _launch_from_python(self, synchronize: bool) -> None:
+        """Phase 2 and the synchronisation as two ctypes calls (without the C helper)."""
+        status = self._launch(*self._launch_args)
+        if status:
+            self._raise_launch_failure(status, True)
+        if synchronize:
+            status = self._synchronize(self._launch_args[3])
+            if status:
+                self._raise_launch_failure(status, False)
+
+    def _rebind_all(self, arrays, named) -> None:
         operator = self._operator
         order = operator.input_names
         if len(arrays) > len(order):
@@ -273,57 +307,20 @@ class Plan:
                                 "synchronize")
             if name in order[:len(arrays)]:
                 raise TypeError(f"{name} given twice")
+        if self._closed:
+            raise HandleClosedError(f"this {type(self).__name__} was closed")
         api = runtime_api()
-        ident = _get_ident()
-        if not self._lock.acquire(False):
-            self._acquire_contended(ident)
-        self._owner = ident
-        try:
-            if self._closed:
-                raise HandleClosedError(f"this {type(self).__name__} was closed")
-            host_values = {}
-            for name, array in (*zip(order, arrays), *named.items()):
-                if array is None:
-                    continue
-                if name in self._revision.host_inputs:
-                    host_values[name] = array   # read at phase 1: after every address is rebound
-                else:
-                    self._rebind(api, name, array)
-            if host_values:
-                self._regroup(host_values)
-            self._set_outputs()
-            return self._launch_locked(synchronize)
-        finally:
-            self._owner = None
-            self._lock.release()
-
-    def _launch_locked(self, synchronize: bool):
-        """Phase 2 (and the synchronisation if asked); the plan's lock is held."""
-        checked = self._checked_at
-        if checked != close_epoch[0]:
-            self._check_bindings()
-            checked = self._checked_at
-        wait_for_other_writers(self._inputs, self.stream)
-        hot = self._hot_call
-        if hot is not None:
-            status = hot(self._hot_arguments, _SYNC_ON if synchronize else _SYNC_OFF, self._hot_failed)
-            if status:
-                self._raise_launch_failure(status, self._hot_failed_value.value == 1)
-        else:
-            status = self._launch(*self._launch_args)
-            if status:
-                self._raise_launch_failure(status, True)
-            if synchronize:
-                status = self._synchronize(self._launch_args[3])
-                if status:
-                    self._raise_launch_failure(status, False)
-        if checked != close_epoch[0]:
-            self._check_bindings()
-        if not synchronize:
-            stream = self.stream
-            for array in self._written:
-                array.pending = stream
-        return self._outputs
+        host_values = {}
+        for name, array in (*zip(order, arrays), *named.items()):
+            if array is None:
+                continue
+            if name in self._revision.host_inputs:
+                host_values[name] = array   # read at phase 1: after every address is rebound
+            else:
+                self._rebind(api, name, array)
+        if host_values:
+            self._regroup(host_values)
+        self._set_outputs()
 
     def _raise_launch_failure(self, status: int, in_phase2: bool) -> None:
         api = runtime_api()
@@ -382,7 +379,7 @@ class Plan:
         the work queued with them is done), and lets go of the arrays it was bound to."""
         if in_forked_child():
             self._closed = True   # the parent's device state is not this process's to free
-            self._hot_call = None
+            self._checked_at = -1
             return
         ident = _get_ident()
         if not self._lock.acquire(False):
@@ -391,6 +388,7 @@ class Plan:
             if self._closed:
                 return
             self._closed = True
+            self._checked_at = -1   # the next call checks, and fails
             self._hot_call = None
             stream = self.stream
             try:
@@ -405,6 +403,8 @@ class Plan:
                     array.close()
                 if self._workspace is not None:
                     self._workspace.close()
+                for array in self._inputs:
+                    stop_reading(array, self)
                 if self._unpin.detach() is not None:
                     unpin(self._pinned, stream._life)
         finally:

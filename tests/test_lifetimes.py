@@ -110,45 +110,55 @@ USERS = {"plan-output": _plan_user, "device-call-output": _device_call_user, "ex
 ROUNDS = 25
 
 
+def close_during_calls(call, close, round_: int, after_close=lambda: None) -> dict:
+    """A worker keeps calling call() while this thread runs close() after a few calls (a
+    different number each round), then after_close(); the worker stops at its first call that
+    started after close() returned. Returns what those calls did ("after": failed/succeeded)."""
+    closed = threading.Event()
+    outcome = {"before": 0}
+
+    def worker():
+        while True:
+            started_after = closed.is_set()
+            try:
+                call()
+            except acl_swiglu.HandleClosedError:
+                if started_after:
+                    outcome["after"] = "failed"
+                    return
+                continue
+            if started_after:
+                outcome["after"] = "succeeded"
+                return
+            outcome["before"] += 1
+
+    thread, failures = run_thread(worker)
+    while outcome["before"] < round_ % 5 + 1 and thread.is_alive():
+        time.sleep(0)
+    close()
+    closed.set()
+    after_close()
+    join(thread)
+    assert not failures, failures
+    return outcome
+
+
 @pytest.mark.parametrize("user", list(USERS))
 def test_array_closed_by_another_thread_fails_every_later_call(user):
-    """A worker keeps calling while the main thread closes the array it uses, then allocates
-    arrays of the same size filled with a sentinel (the freed memory is the likeliest place for
-    them). Every call that started after close() returned must fail, the sentinels must stay."""
+    """The main thread closes the array a worker's calls use, then allocates arrays of the same
+    size filled with a sentinel (the freed memory is the likeliest place for them). Every call
+    that started after close() returned must fail, and the sentinels must stay."""
     for round_ in range(ROUNDS):
         with ExitStack() as stack:
             stream = stack.enter_context(acl_swiglu.Stream())
             target = acl_swiglu.to_device(case(2)[1])   # the shape of grad_x and of x
             call = USERS[user](stack, stream, target)
-            closed = threading.Event()
-            calls = {"before": 0, "after_ok": 0, "after_failed": 0}
-
-            def worker():
-                while True:
-                    started_after = closed.is_set()
-                    try:
-                        call()
-                    except acl_swiglu.HandleClosedError:
-                        if started_after:
-                            calls["after_failed"] += 1
-                            return
-                        continue
-                    if started_after:
-                        calls["after_ok"] += 1
-                        return
-                    calls["before"] += 1
-
-            thread, failures = run_thread(worker)
-            while calls["before"] < round_ % 5 + 1 and thread.is_alive():
-                time.sleep(0)   # close after a few calls, at a different point each round
-            target.close()
-            closed.set()
-            victims = [stack.enter_context(acl_swiglu.to_device(np.full((T, 2 * H), SENTINEL, np.float32)))
-                       for _ in range(3)]
-            join(thread)
+            victims = []
+            outcome = close_during_calls(call, target.close, round_, lambda: victims.extend(
+                stack.enter_context(acl_swiglu.to_device(np.full((T, 2 * H), SENTINEL, np.float32)))
+                for _ in range(3)))
             stream.synchronize()
-            assert not failures, failures
-            assert calls["after_ok"] == 0 and calls["after_failed"] == 1, (round_, calls)
+            assert outcome.get("after") == "failed", (round_, outcome)
             for victim in victims:
                 assert np.all(victim.to_numpy() == SENTINEL), f"round {round_}: a closed array's memory was written"
 
@@ -168,31 +178,7 @@ def test_plan_stream_or_executor_closed_by_another_thread_fails_every_later_call
                 plan = stack.enter_context(acl_swiglu.SwigluGroupQuantGradPlan(gy, x, stream=stream))
                 victim = plan if kind == "plan" else stream
                 call = plan
-            closed = threading.Event()
-            outcome = {"before": 0}
-
-            def worker():
-                while True:
-                    started_after = closed.is_set()
-                    try:
-                        call()
-                    except acl_swiglu.HandleClosedError:
-                        if started_after:
-                            outcome["after"] = "failed"
-                            return
-                        continue
-                    if started_after:
-                        outcome["after"] = "succeeded"
-                        return
-                    outcome["before"] += 1
-
-            thread, failures = run_thread(worker)
-            while outcome["before"] < round_ % 5 + 1 and thread.is_alive():
-                time.sleep(0)
-            victim.close()
-            closed.set()
-            join(thread)
-            assert not failures, failures
+            outcome = close_during_calls(call, victim.close, round_)
             assert outcome.get("after") == "failed", (round_, outcome)
 
 
@@ -524,3 +510,21 @@ def test_cached_streams_of_1000_short_lived_threads_go_with_them():
     acl_swiglu.swiglu_group_quant_grad(gy, x)   # frees what the last threads left on their way out
     assert not wrong
     assert emulator.live_counts() == baseline
+
+
+def test_a_plan_waits_for_its_inputs_written_on_another_stream():
+    """The plan is built once; each round another stream rewrites its input x (queued, not
+    waited for) with new data, then the plan runs: it must read the new data."""
+    ones = np.ones((T, H), np.float32)
+    with acl_swiglu.Stream() as writer, acl_swiglu.Stream() as reader, \
+            acl_swiglu.to_device(ones) as d_ones, acl_swiglu.DeviceArray.empty((T, 2 * H), F32) as shared:
+        plan = acl_swiglu.SwigluGroupQuantGradPlan(d_ones, shared, stream=reader)
+        with plan:
+            for round_ in range(12):
+                gy, x = case(800 + round_)
+                with acl_swiglu.to_device(gy) as d_gy, acl_swiglu.to_device(x) as d_x:
+                    acl_swiglu.swiglu_group_quant_grad_device(d_gy, d_x, grad_x=shared, stream=writer)
+                    assert shared.pending is writer
+                    got = plan(synchronize=True)[0].to_numpy()
+                    want = device_model.swiglu_group_quant_grad_model(ones, want_of(gy, x))[0]
+                    assert bits_equal(got, want), round_
