@@ -168,20 +168,26 @@ def mark_written(outputs, stream: Stream) -> None:
 
 def note_write(array: DeviceArray, stream: Stream) -> None:
     """Tells the plans reading `array` on another stream to wait for this write."""
-    for plan in list(array._readers):
-        if plan.stream is not stream:
+    for reader in list(array._readers.values()):
+        plan = reader()
+        if plan is not None and plan.stream is not stream:
             plan._foreign_writes = True
 
 
 def start_reading(array: DeviceArray, plan) -> None:
-    if array._readers is None:
-        array._readers = weakref.WeakSet()
-    array._readers.add(plan)
+    """Registers `plan` as a reader of `array` (kept after a rebinding: a stale reader only
+    costs it one extra check)."""
+    readers = array._readers
+    if readers is None:
+        readers = array._readers = {}
+    reader = readers.get(id(plan))   # (an id is only unique among live objects: check the plan)
+    if reader is None or reader() is not plan:
+        readers[id(plan)] = weakref.ref(plan)
 
 
 def stop_reading(array: DeviceArray, plan) -> None:
     if array._readers is not None:
-        array._readers.discard(plan)
+        array._readers.pop(id(plan), None)
 
 
 def lives_of(arrays) -> list:
@@ -328,51 +334,57 @@ def device_call(operator: Operator, arguments: dict, stream) -> Dict[str, Device
     when not given), by name. Does not wait."""
     revision = operator.revision()
     problem = operator.validate_device(arguments, revision)
-    arrays = operator.device_arrays(arguments, revision)
-    check_open(arrays)   # before anything is made; checked again once pinned
-    stream = stream_argument(stream)
-    made = {}
-    try:
-        for name, (shape, dtype) in problem.outputs.items():
-            if arguments.get(name) is None:
-                made[name] = arrays[name] = arguments[name] = DeviceArray.empty(shape, dtype)
-    except BaseException:
-        for array in made.values():
-            array.close()
-        raise
-    outputs = [arrays[name] for name in operator.output_names if name in arrays]
-    # Pinned before the open check: a close() from another thread from here on leaves the
-    # memory to the end of this call, and makes the call fail.
-    pinned = lives_of(arrays.values())
-    pin(pinned)
     epoch = close_epoch[0]
+    arrays = operator.device_arrays(arguments, revision)
+    check_open(arrays)   # before anything is made
+    stream = stream_argument(stream)
+    made, host_arrays, handles, pinned, held = {}, [], [], [], []
+    outputs = operator.output_names
+    computed = problem.outputs
     try:
-        check_open(arrays)
+        for name, (shape, dtype) in computed.items():
+            if name not in arrays:   # fresh: nobody else can close them
+                made[name] = arrays[name] = DeviceArray.empty(shape, dtype)
+        for name in operator.slot_names:
+            array = arrays.get(name)
+            if array is not None:
+                tensor = tensor_for(array)
+                pinned.append(tensor._life)
+                if array.buffer is not None:
+                    pinned.append(array.buffer._life)
+                handles.append(tensor)
+                if name not in outputs and array.pending is not None and array.pending is not stream:
+                    array.wait_for_writer()   # written on another stream
+            elif name in revision.host_inputs and arguments.get(name) is not None:
+                host = AclIntArray(operator.description.host_values(name, arguments[name]))
+                host_arrays.append(host)   # read by phase 1: freed right after it
+                handles.append(host)
+            else:
+                handles.append(None)
+        # Pinned: a close() from another thread from here on leaves the handles to the end of
+        # this call; one since the start makes the call fail (the epoch checks).
+        pin(pinned)
+        held = pinned
+        if close_epoch[0] != epoch:
+            check_open(arrays)
         api = runtime_api()
-        wait_for_other_writers([a for name, a in arrays.items() if name not in operator.output_names], stream)
-        with ExitStack() as stack:
-            handles = [_host_input(operator, name, arguments[name], stack)
-                       if name in revision.host_inputs and arguments.get(name) is not None
-                       else tensor_for(arguments.get(name)) for name in operator.slot_names]
-            # (host values were read by phase 1 already: those need no pin)
-            tensors = [h._life for name, h in zip(operator.slot_names, handles)
-                       if h is not None and name not in revision.host_inputs and h._life not in pinned]
-            pin(tensors)
-            pinned.extend(tensors)
-            if close_epoch[0] != epoch:
-                check_open(arrays)
-            executor, size = operator.phase1(api, revision, problem, handles)
-            launch_single_use(operator, api, executor, size, stream)
+        executor, size = operator.phase1(api, revision, problem, handles)
+        for host in host_arrays:
+            host.close()
+        launch_single_use(operator, api, executor, size, stream)
     except BaseException:
-        unpin(pinned, stream._life)
+        for host in host_arrays:
+            host.close()
+        unpin(held, stream._life)
         for array in made.values():
             array.close()
         raise
-    mark_written(outputs, stream)
+    results = {name: arrays[name] for name in computed}
+    mark_written(results.values(), stream)
     unpin(pinned, stream._life)
     if close_epoch[0] != epoch:
         check_open(arrays)   # closed by another thread during the call: it must not succeed
-    return {name: arrays[name] for name in problem.outputs}
+    return results
 
 
 # ---- one-shot NumPy call ----

@@ -18,10 +18,10 @@ from threading import get_ident as _get_ident
 from typing import Dict, Optional, Tuple
 
 from . import _ffi
-from ._aclnn import Executor, Operator, check_open, lives_of, note_write, start_reading, stop_reading, stream_argument
+from ._aclnn import Executor, Operator, check_open, note_write, start_reading, stop_reading, stream_argument
 from ._device import DeviceArray, DeviceBuffer, Stream
 from .errors import ArgumentError, HandleClosedError
-from .runtime import at_fork_in_child, close_epoch, in_forked_child, pin, runtime_api, unpin, used_on
+from .runtime import at_fork_in_child, close_epoch, in_forked_child, pin, repin, runtime_api, unpin, used_on
 from .tensor import AclIntArray, AclTensor
 
 
@@ -73,6 +73,17 @@ def _reset_after_fork() -> None:
 at_fork_in_child(_reset_after_fork)
 
 
+def _memory_of(array: DeviceArray) -> tuple:
+    """What a plan holds of a bound array: its memory (the plan has its own tensor handles)."""
+    return () if array.buffer is None else (array.buffer._life,)
+
+
+def _let_go(held: Dict[str, tuple], stream_life) -> None:
+    """Unpins everything a plan held (at close(), or when it is garbage-collected)."""
+    unpin([life for lives in held.values() for life in lives], stream_life)
+    held.clear()
+
+
 class Plan:
     """A repeatable executor of `operator` for fixed shapes, dtypes and options, for hot loops.
 
@@ -100,14 +111,15 @@ class Plan:
         self._workspace: Optional[DeviceBuffer] = None
         self._hot_call = None
         self._last_thread = None
-        self._inputs = ()
         self._foreign_writes = False   # set when another stream writes one of the inputs
-        self._pinned = []   # lives of the bound arrays and the stream, shared with the finalizer
-        self._unpin = weakref.finalize(self, unpin, self._pinned, self.stream._life)
+        self._arrays: Dict[str, DeviceArray] = {}
+        # What the plan holds pinned, by slot (and "stream"); shared with the finalizer.
+        self._held: Dict[str, tuple] = {}
+        self._unpin = weakref.finalize(self, _let_go, self._held, self.stream._life)
         _plans.add(self)
         try:
             pin([self.stream._life])
-            self._pinned.append(self.stream._life)
+            self._held["stream"] = (self.stream._life,)
             for name, (shape, dtype) in problem.outputs.items():
                 if arguments.get(name) is None:
                     arguments[name] = DeviceArray.empty(shape, dtype)
@@ -115,7 +127,9 @@ class Plan:
             self._arrays = operator.device_arrays(arguments, revision)
             self._slots = {name: None for name in operator.slot_names}
             self._slots.update(self._arrays)
-            self._pin_arrays(self._arrays.values())
+            for name, array in self._arrays.items():
+                self._held[name] = _memory_of(array)
+                pin(self._held[name])
             self._layouts = {name: a.layout() for name, a in self._arrays.items()}
             self._bound = {name: a.ptr for name, a in self._arrays.items()}
             # The plan's own handles: rebinding writes into them, so they are not shared.
@@ -139,24 +153,17 @@ class Plan:
             self._launch = getattr(hot, operator.description.phase2)
             self._synchronize = hot.aclrtSynchronizeStream
             self._set_launch_args()
+            for name, array in self._arrays.items():
+                if name not in operator.output_names:
+                    start_reading(array, self)
             self._set_outputs()
+            self._foreign_writes = True   # the inputs may have writes queued elsewhere
             self._checked_at = -1
         except BaseException:
             self.close()
             raise
 
     # -- construction --
-
-    def _pin_arrays(self, arrays) -> None:
-        lives = lives_of(arrays)
-        pin(lives)
-        self._pinned.extend(lives)
-
-    def _unpin_array(self, array: DeviceArray) -> None:
-        lives = lives_of([array])
-        for life in lives:
-            self._pinned.remove(life)
-        unpin(lives, self.stream._life)
 
     def _address_setters(self) -> dict:
         """For each bound slot: its setter, slot index, tensor and API name, as ctypes wants them."""
@@ -202,16 +209,9 @@ class Plan:
             self._hot_call = hot
 
     def _set_outputs(self) -> None:
-        self._outputs = tuple(self._slots[name] for name in self._operator.output_names)
-        self._written = tuple(a for a in self._outputs if a is not None)
-        inputs = tuple(a for name, a in self._slots.items() if a is not None and name not in self._operator.output_names)
-        for array in self._inputs:
-            if array not in inputs:
-                stop_reading(array, self)
-        for array in inputs:
-            start_reading(array, self)
-        self._inputs = inputs
-        self._foreign_writes = True   # newly bound inputs may have writes queued elsewhere
+        slots = self._slots
+        self._outputs = tuple([slots[name] for name in self._operator.output_names])
+        self._written = tuple([a for a in self._outputs if a is not None])
 
     @property
     def workspace_size(self) -> int:
@@ -281,8 +281,9 @@ class Plan:
         """An input was written on another stream since the last call: wait for that write."""
         self._foreign_writes = False
         stream = self.stream
-        for array in self._inputs:
-            if array.pending is not None and array.pending is not stream:
+        outputs = self._operator.output_names
+        for name, array in self._arrays.items():
+            if name not in outputs and array.pending is not None and array.pending is not stream:
                 array.wait_for_writer()
 
     def _launch_from_python(self, synchronize: bool) -> None:
@@ -301,26 +302,37 @@ class Plan:
         if len(arrays) > len(order):
             raise TypeError(f"a plan takes at most {len(order)} positional arrays ({', '.join(order)}), "
                             f"got {len(arrays)}")
+        slots = self._slots
         for name in named:
-            if name not in operator.slot_names:
+            if name not in slots:
                 raise TypeError(f"a plan takes no argument {name!r}; it takes {', '.join(operator.slot_names)} and "
                                 "synchronize")
             if name in order[:len(arrays)]:
                 raise TypeError(f"{name} given twice")
         if self._closed:
             raise HandleClosedError(f"this {type(self).__name__} was closed")
-        api = runtime_api()
+        host_inputs = self._revision.host_inputs
         host_values = {}
-        for name, array in (*zip(order, arrays), *named.items()):
-            if array is None:
-                continue
-            if name in self._revision.host_inputs:
-                host_values[name] = array   # read at phase 1: after every address is rebound
-            else:
-                self._rebind(api, name, array)
+        held, released = [], []
+        outputs_changed = False
+        try:
+            for name, array in (*zip(order, arrays), *named.items()):
+                if array is None:
+                    continue
+                if name in host_inputs:
+                    host_values[name] = array   # read at phase 1: after every address is rebound
+                elif array is not slots[name]:
+                    self._rebind(name, array, held, released)
+                    outputs_changed = outputs_changed or name in operator.output_names
+        finally:
+            # The plan holds the new arrays and lets go of the old ones (freed now if they were
+            # closed, once the stream has passed the launches that used them).
+            if held or released:
+                repin(held, released, self.stream._life)
+            if outputs_changed:
+                self._set_outputs()
         if host_values:
             self._regroup(host_values)
-        self._set_outputs()
 
     def _raise_launch_failure(self, status: int, in_phase2: bool) -> None:
         api = runtime_api()
@@ -328,7 +340,7 @@ class Plan:
             self._operator.check_status(api, status, self._operator.description.phase2)
         _ffi.raise_status(status, "aclrtSynchronizeStream", api.get_message)
 
-    def _rebind(self, api, name: str, array: DeviceArray) -> None:
+    def _rebind(self, name: str, array: DeviceArray, held: list, released: list) -> None:
         layout = self._layouts.get(name)
         if layout is None:
             raise ArgumentError(f"the plan was built without {name}; build another plan to use it")
@@ -336,22 +348,25 @@ class Plan:
             raise TypeError(f"{name} must be a DeviceArray, got {type(array).__name__}")
         if array.closed:
             raise HandleClosedError(f"{name} is a closed DeviceArray")
-        if array.layout() != layout:
+        if array._layout != layout:
             raise ArgumentError(f"{name} has layout (shape, dtype, strides, offset) {array.layout()}; the plan was "
                                 f"built for {layout}")
-        previous = self._arrays[name]
-        if array is previous:
-            return
         ptr = array.ptr
         if ptr != self._bound[name]:
             set_address, index, tensor, api_name = self._setters[name]
             status = set_address(self._launch_args[2], index, tensor, ctypes.c_void_p(ptr))
             if status:
-                self._operator.check_status(api, status, api_name)
+                self._operator.check_status(runtime_api(), status, api_name)
             self._bound[name] = ptr
-        self._pin_arrays([array])
+        lives = _memory_of(array)
+        held.extend(lives)
+        released.extend(self._held[name])
+        self._held[name] = lives
         self._arrays[name] = self._slots[name] = array
-        self._unpin_array(previous)
+        if name not in self._operator.output_names:
+            start_reading(array, self)
+            if array.pending is not None and array.pending is not self.stream:
+                self._foreign_writes = True   # written on another stream: wait before the launch
 
     def _regroup(self, host_values: dict) -> None:
         describe = self._operator.description.host_values
@@ -403,10 +418,10 @@ class Plan:
                     array.close()
                 if self._workspace is not None:
                     self._workspace.close()
-                for array in self._inputs:
+                for array in self._arrays.values():
                     stop_reading(array, self)
                 if self._unpin.detach() is not None:
-                    unpin(self._pinned, stream._life)
+                    _let_go(self._held, stream._life)
         finally:
             self._lock.release()
 

@@ -318,11 +318,22 @@ def pin(lives) -> None:
 def unpin(lives, stream_life: Optional[Life] = None) -> None:
     """Ends a use (on `stream_life`, whose queued work may still use them); frees the handles
     that were closed meanwhile once that work is done."""
+    repin((), lives, stream_life)
+
+
+def repin(held, released, stream_life: Optional[Life]) -> None:
+    """pin(held), then unpin(released, stream_life), under one lock."""
     retired = []
     with _state_lock:
-        for life in lives:
+        for life in held:
+            life.pins += 1
+        for life in released:
             if stream_life is not None:
-                _add_stream(life, stream_life)
+                streams = life.streams
+                if streams is None:
+                    life.streams = [stream_life]
+                elif stream_life not in streams:
+                    streams.append(stream_life)
             life.pins -= 1
             if life.closed and life.pins == 0 and life.release is not None:
                 retired.append(life)
