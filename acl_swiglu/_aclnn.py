@@ -349,9 +349,8 @@ def device_call(operator: Operator, arguments: dict, stream) -> Dict[str, Device
             array = arrays.get(name)
             if array is not None:
                 tensor = tensor_for(array)
-                pinned.append(tensor._life)
-                if array.buffer is not None:
-                    pinned.append(array.buffer._life)
+                # (the memory also holds back the close of the array's tensor handle)
+                pinned.append(tensor._life if array.buffer is None else array.buffer._life)
                 handles.append(tensor)
                 if name not in outputs and array.pending is not None and array.pending is not stream:
                     array.wait_for_writer()   # written on another stream

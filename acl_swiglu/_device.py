@@ -20,7 +20,7 @@ from . import _ffi
 from ._checks import ADDRESS_MAX, INT64_MAX, whole_number
 from ._dtypes import allowed_dtype_text, dtype_name, is_device_dtype
 from .errors import ArgumentError, HandleClosedError
-from .runtime import Life, Owned, at_fork_in_child, free_collected, in_forked_child, pin, runtime_api, unpin
+from .runtime import Life, Owned, at_fork_in_child, close_with, free_collected, in_forked_child, pin, runtime_api, unpin
 
 ACL_MEM_MALLOC_HUGE_FIRST = 0
 MEMCPY_HOST_TO_DEVICE = 1
@@ -426,10 +426,12 @@ class DeviceArray:
         return self._layout
 
     def _lives(self) -> tuple:
-        """The native handles a launch using this array relies on."""
-        lives = () if self.buffer is None else (self.buffer._life,)
+        """The native handles a launch using this array relies on: its memory (which also holds
+        back the close of its tensor handle), or, without memory, its tensor handle."""
+        if self.buffer is not None:
+            return (self.buffer._life,)
         tensor = self._tensor
-        return lives if tensor is None else lives + (tensor._life,)
+        return () if tensor is None else (tensor._life,)
 
     # -- data --
 
@@ -477,10 +479,14 @@ class DeviceArray:
         no plan, executor or queued work uses them."""
         self._dead = True
         tensor, self._tensor = self._tensor, None
-        if self.buffer is not None:
-            self.buffer.close()
+        buffer = self.buffer
         if tensor is not None:
-            tensor.close()
+            if buffer is None:
+                tensor.close()
+            else:
+                close_with(buffer._life, tensor)   # calls in flight pin the buffer only
+        if buffer is not None:
+            buffer.close()
 
     @property
     def closed(self) -> bool:

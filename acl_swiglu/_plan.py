@@ -73,11 +73,6 @@ def _reset_after_fork() -> None:
 at_fork_in_child(_reset_after_fork)
 
 
-def _memory_of(array: DeviceArray) -> tuple:
-    """What a plan holds of a bound array: its memory (the plan has its own tensor handles)."""
-    return () if array.buffer is None else (array.buffer._life,)
-
-
 def _let_go(held: Dict[str, tuple], stream_life) -> None:
     """Unpins everything a plan held (at close(), or when it is garbage-collected)."""
     unpin([life for lives in held.values() for life in lives], stream_life)
@@ -128,7 +123,7 @@ class Plan:
             self._slots = {name: None for name in operator.slot_names}
             self._slots.update(self._arrays)
             for name, array in self._arrays.items():
-                self._held[name] = _memory_of(array)
+                self._held[name] = array._lives()
                 pin(self._held[name])
             self._layouts = {name: a.layout() for name, a in self._arrays.items()}
             self._bound = {name: a.ptr for name, a in self._arrays.items()}
@@ -358,7 +353,7 @@ class Plan:
             if status:
                 self._operator.check_status(runtime_api(), status, api_name)
             self._bound[name] = ptr
-        lives = _memory_of(array)
+        lives = array._lives()
         held.extend(lives)
         released.extend(self._held[name])
         self._held[name] = lives

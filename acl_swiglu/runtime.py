@@ -35,7 +35,7 @@ _state_lock = threading.RLock()
 class Life:
     """One native handle's state, shared with its finalizer (which cannot see the object)."""
 
-    __slots__ = ("release", "pins", "streams", "closed", "key", "__weakref__")
+    __slots__ = ("release", "pins", "streams", "closed", "key", "dependents", "__weakref__")
 
     def __init__(self, release: Optional[Callable[[], None]]):
         self.release = release
@@ -43,6 +43,7 @@ class Life:
         self.streams: Optional[list] = None   # lives of streams whose queued work may use it
         self.closed = False
         self.key = 0
+        self.dependents: Optional[list] = None   # objects closed with it (a buffer's tensor handle)
 
     def wait(self) -> None:
         """Streams override this: wait for the work queued on them."""
@@ -185,11 +186,15 @@ class _Runtime:
             usable = self.initialized and not self.shut_down and self.pid == os.getpid()
         release, life.release = life.release, None
         streams, life.streams = life.streams, None
-        if not usable or release is None:
+        dependents, life.dependents = life.dependents, None
+        if not usable or (release is None and not dependents):
             return
         for stream_life in streams or ():
             _quiet_wait(stream_life)
-        release()
+        if release is not None:
+            release()
+        for dependent in dependents or ():
+            dependent.close()
 
     def forget(self, life: Life) -> None:
         """The handle now belongs to someone else (e.g. CANN): never release it."""
@@ -335,10 +340,23 @@ def repin(held, released, stream_life: Optional[Life]) -> None:
                 elif stream_life not in streams:
                     streams.append(stream_life)
             life.pins -= 1
-            if life.closed and life.pins == 0 and life.release is not None:
+            if life.closed and life.pins == 0 and (life.release is not None or life.dependents):
                 retired.append(life)
     for life in retired:
         _runtime.retire(life)
+
+
+def close_with(life: Life, dependent: "Owned") -> None:
+    """Closes `dependent` together with the closed handle of `life`: now when nothing pins it,
+    else when the last pin goes (after the streams that used it are past that work)."""
+    with _state_lock:
+        if life.pins:
+            if life.dependents is None:
+                life.dependents = [dependent]
+            else:
+                life.dependents.append(dependent)
+            return
+    dependent.close()
 
 
 def used_on(lives, stream_life: Life) -> None:
