@@ -35,14 +35,7 @@ class Problem(NamedTuple):
     x_shape: Tuple[int, ...]
     weight_shape: Optional[Tuple[int, ...]]
     clamp_limit: Optional[float]
-
-    @property
-    def outputs(self) -> dict:
-        """(shape, dtype) of each output the call computes."""
-        specs = {"grad_x": (self.x_shape, self.dtype)}
-        if self.weight_shape is not None:
-            specs["grad_weight"] = (self.weight_shape, _F32)
-        return specs
+    outputs: dict   # (shape, dtype) of each output the call computes
 
 
 def _describe(value) -> str:
@@ -178,4 +171,7 @@ def validate(grad_y, x, weight, y_origin, group_index, clamp_limit, *, rules: Ru
                 raise ArgumentError(f"grad_weight is {tuple(grad_weight.shape)} {dtype_name(grad_weight.dtype)}; it "
                                     f"must be {weight_shape} float32 like weight")
 
-    return Problem(dtype, x_shape, weight_shape, clamp)
+    outputs = {"grad_x": (x_shape, dtype)}
+    if weight_shape is not None:
+        outputs["grad_weight"] = (weight_shape, _F32)
+    return Problem(dtype, x_shape, weight_shape, clamp, outputs)
