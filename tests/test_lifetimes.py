@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -412,14 +413,18 @@ def _run_script(tmp_path, name, text) -> str:
     script = tmp_path / f"{name}.py"
     script.write_text(text)
     env = dict(os.environ, ACL_SWIGLU_BACKEND="emulator")
+    # Its own process group: a hung script and the children it forked all go at the time limit.
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=str(tmp_path), env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        proc = subprocess.run([sys.executable, str(script)], cwd=str(tmp_path), env=env, capture_output=True,
-                              text=True, timeout=FORK_TIME_LIMIT)
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"{name}: did not finish within {FORK_TIME_LIMIT} s (hung): {exc.stdout!r} {exc.stderr!r}")
-    assert proc.returncode == 0, (name, proc.returncode, proc.stdout, proc.stderr[-3000:])
-    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    return proc.stdout
+        stdout, stderr = proc.communicate(timeout=FORK_TIME_LIMIT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"{name}: did not finish within {FORK_TIME_LIMIT} s (hung): {stdout!r} {stderr[-3000:]!r}")
+    assert proc.returncode == 0, (name, proc.returncode, stdout, stderr[-3000:])
+    assert "Traceback" not in stderr, stderr[-3000:]
+    return stdout
 
 
 def test_fork_while_a_thread_is_inside_a_plan_child_close_does_not_hang(tmp_path):
