@@ -28,7 +28,8 @@ from .op import (
     swiglu_group_quant_grad,
     swiglu_group_quant_grad_device,
 )
-from .runtime import DeviceArray, DeviceBuffer, Stream, default_stream, set_device, synchronize_device, to_device
+from ._device import DeviceArray, DeviceBuffer, Stream, default_stream, to_device
+from .runtime import set_device, synchronize_device
 
 __version__ = "0.1.0"
 

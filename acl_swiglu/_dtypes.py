@@ -14,12 +14,24 @@ ACL_FORMAT_ND = 2
 
 bfloat16 = np.dtype(ml_dtypes.bfloat16)
 
+# Every NumPy dtype an aclTensor can describe (aclDataType, SPEC section 2): what a device
+# array may hold. Each operator then accepts its own few.
 _TO_ACL = {
     np.dtype(np.float32): ACL_FLOAT,
     np.dtype(np.float16): ACL_FLOAT16,
     bfloat16: ACL_BF16,
     np.dtype(np.int64): ACL_INT64,
     np.dtype(np.int32): ACL_INT32,
+    np.dtype(np.int8): 2,
+    np.dtype(np.uint8): 4,
+    np.dtype(np.int16): 6,
+    np.dtype(np.uint16): 7,
+    np.dtype(np.uint32): 8,
+    np.dtype(np.uint64): 10,
+    np.dtype(np.float64): 11,
+    np.dtype(np.bool_): 12,
+    np.dtype(np.complex64): 16,
+    np.dtype(np.complex128): 17,
 }
 
 # Data types of gradY / x / yOrigin / gradX.
@@ -29,6 +41,15 @@ IO_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), bfloat16)
 def acl_dtype(dtype) -> int:
     """The aclDataType of a NumPy dtype the package uses."""
     return _TO_ACL[np.dtype(dtype)]
+
+
+def is_device_dtype(dtype: np.dtype) -> bool:
+    """True for the dtypes an aclTensor can describe (device arrays hold only these)."""
+    return dtype in _TO_ACL and dtype.isnative
+
+
+def allowed_dtype_text() -> str:
+    return ", ".join(dtype_name(d) for d in _TO_ACL)
 
 
 def dtype_name(dtype) -> str:

@@ -1,9 +1,12 @@
-"""ctypes declarations of every C function the package calls, in one flat table.
+"""ctypes declarations of every C function the package calls: one row per function.
 
 Each handle type is its own pointer type, so passing a tensor where a stream is expected is a
-ctypes.ArgumentError instead of a crash. Status-returning functions raise the status's
-exception (with aclGetRecentErrMsg text); constructors raise when they return NULL. ``raw``
-holds the same functions without checks, for hot paths that check the status themselves.
+ctypes.ArgumentError instead of a crash. Every row is bound once with its exact prototype
+(``api.raw.<symbol>``); ``api.<symbol>`` is the same function wrapped so that a failure raises
+(a non-zero status, or NULL from a constructor, with aclGetRecentErrMsg text). Rows flagged
+``fast`` are also bound without a prototype (``api.hot.<symbol>``) for hot paths that build
+their ctypes arguments once: the conversions a prototype makes on every call are the largest
+part of a call's cost. Operators add their own rows with ``declare``.
 """
 
 from __future__ import annotations
@@ -11,9 +14,9 @@ from __future__ import annotations
 import ctypes
 import re
 import threading
-from ctypes import POINTER, c_char_p, c_double, c_int, c_int32, c_int64, c_size_t, c_uint32, c_uint64, c_void_p
+from ctypes import POINTER, c_char_p, c_int, c_int32, c_int64, c_size_t, c_uint32, c_uint64, c_void_p
 from types import SimpleNamespace
-from typing import Optional
+from typing import List, NamedTuple, Optional
 
 from . import _loader
 from .errors import AclError, error_class
@@ -35,63 +38,74 @@ STATUS = "status"   # non-zero return raises
 HANDLE = "handle"   # NULL return raises
 PLAIN = "plain"     # no check
 
-OPERATOR_PHASE1 = "aclnnSwigluGroupQuantGradGetWorkspaceSize"
 
-# (library, Python name, C symbol, restype, argtypes, check)
+class Declaration(NamedTuple):
+    """One C function: where it lives, its prototype, how a failure shows, and whether hot
+    paths call it (``fast``). ``optional`` functions may be missing from the library (then
+    they are bound as None)."""
+
+    library: str    # "runtime", "meta" or "operator"
+    symbol: str
+    restype: object
+    argtypes: tuple
+    check: str
+    fast: bool = False
+    optional: bool = False
+
+
+D = Declaration
 DECLARATIONS = (
-    ("runtime", "aclInit", "aclInit", aclError, (c_char_p,), STATUS),
-    ("runtime", "aclFinalize", "aclFinalize", aclError, (), STATUS),
-    ("runtime", "aclrtSetDevice", "aclrtSetDevice", aclError, (c_int32,), STATUS),
-    ("runtime", "aclrtResetDevice", "aclrtResetDevice", aclError, (c_int32,), STATUS),
-    ("runtime", "aclrtGetDeviceCount", "aclrtGetDeviceCount", aclError, (POINTER(c_uint32),), STATUS),
-    ("runtime", "aclrtCreateStream", "aclrtCreateStream", aclError, (POINTER(aclrtStream_p),), STATUS),
-    ("runtime", "aclrtDestroyStream", "aclrtDestroyStream", aclError, (aclrtStream_p,), STATUS),
-    ("runtime", "aclrtSynchronizeStream", "aclrtSynchronizeStream", aclError, (aclrtStream_p,), STATUS),
-    ("runtime", "aclrtSynchronizeDevice", "aclrtSynchronizeDevice", aclError, (), STATUS),
-    ("runtime", "aclrtMalloc", "aclrtMalloc", aclError, (POINTER(c_void_p), c_size_t, c_int), STATUS),
-    ("runtime", "aclrtFree", "aclrtFree", aclError, (c_void_p,), STATUS),
-    ("runtime", "aclrtMemcpy", "aclrtMemcpy", aclError, (c_void_p, c_size_t, c_void_p, c_size_t, c_int), STATUS),
-    ("runtime", "aclrtMemcpyAsync", "aclrtMemcpyAsync", aclError,
-     (c_void_p, c_size_t, c_void_p, c_size_t, c_int, aclrtStream_p), STATUS),
-    ("runtime", "aclrtMemset", "aclrtMemset", aclError, (c_void_p, c_size_t, c_int32, c_size_t), STATUS),
-    ("runtime", "aclGetRecentErrMsg", "aclGetRecentErrMsg", c_char_p, (), PLAIN),
-    ("meta", "aclCreateTensor", "aclCreateTensor", aclTensor_p,
-     (POINTER(c_int64), c_uint64, c_int, POINTER(c_int64), c_int64, c_int, POINTER(c_int64), c_uint64, c_void_p),
-     HANDLE),
-    ("meta", "aclDestroyTensor", "aclDestroyTensor", aclnnStatus, (aclTensor_p,), STATUS),
-    ("meta", "aclCreateIntArray", "aclCreateIntArray", aclIntArray_p, (POINTER(c_int64), c_uint64), HANDLE),
-    ("meta", "aclDestroyIntArray", "aclDestroyIntArray", aclnnStatus, (aclIntArray_p,), STATUS),
-    ("meta", "aclSetAclOpExecutorRepeatable", "aclSetAclOpExecutorRepeatable", aclnnStatus, (aclOpExecutor_p,), STATUS),
-    ("meta", "aclDestroyAclOpExecutor", "aclDestroyAclOpExecutor", aclnnStatus, (aclOpExecutor_p,), STATUS),
-    ("meta", "aclSetInputTensorAddr", "aclSetInputTensorAddr", aclnnStatus,
-     (aclOpExecutor_p, c_size_t, aclTensor_p, c_void_p), STATUS),
-    ("meta", "aclSetOutputTensorAddr", "aclSetOutputTensorAddr", aclnnStatus,
-     (aclOpExecutor_p, c_size_t, aclTensor_p, c_void_p), STATUS),
-    ("meta", "aclSetRawTensorAddr", "aclSetRawTensorAddr", aclnnStatus, (aclTensor_p, c_void_p), STATUS),
-    # ABI revision 2: groupIndex is an INT64 aclTensor (device memory).
-    ("operator", "aclnnSwigluGroupQuantGradGetWorkspaceSize", OPERATOR_PHASE1, aclnnStatus,
-     (aclTensor_p, aclTensor_p, aclTensor_p, aclTensor_p, aclTensor_p, c_double, aclTensor_p, aclTensor_p,
-      POINTER(c_uint64), POINTER(aclOpExecutor_p)), STATUS),
-    # ABI revision 1 (the seed document): the same symbol with an aclIntArray groupIndex.
-    ("operator", "aclnnSwigluGroupQuantGradGetWorkspaceSize_rev1", OPERATOR_PHASE1, aclnnStatus,
-     (aclTensor_p, aclTensor_p, aclTensor_p, aclTensor_p, aclIntArray_p, c_double, aclTensor_p, aclTensor_p,
-      POINTER(c_uint64), POINTER(aclOpExecutor_p)), STATUS),
-    ("operator", "aclnnSwigluGroupQuantGrad", "aclnnSwigluGroupQuantGrad", aclnnStatus,
-     (c_void_p, c_uint64, aclOpExecutor_p, aclrtStream_p), STATUS),
+    D("runtime", "aclInit", aclError, (c_char_p,), STATUS),
+    D("runtime", "aclFinalize", aclError, (), STATUS),
+    D("runtime", "aclrtSetDevice", aclError, (c_int32,), STATUS),
+    D("runtime", "aclrtResetDevice", aclError, (c_int32,), STATUS),
+    D("runtime", "aclrtGetDevice", aclError, (POINTER(c_int32),), STATUS, optional=True),
+    D("runtime", "aclrtGetDeviceCount", aclError, (POINTER(c_uint32),), STATUS),
+    D("runtime", "aclrtCreateStream", aclError, (POINTER(aclrtStream_p),), STATUS),
+    D("runtime", "aclrtDestroyStream", aclError, (aclrtStream_p,), STATUS),
+    D("runtime", "aclrtSynchronizeStream", aclError, (aclrtStream_p,), STATUS, fast=True),
+    D("runtime", "aclrtSynchronizeDevice", aclError, (), STATUS),
+    D("runtime", "aclrtMalloc", aclError, (POINTER(c_void_p), c_size_t, c_int), STATUS),
+    D("runtime", "aclrtFree", aclError, (c_void_p,), STATUS),
+    D("runtime", "aclrtMemcpy", aclError, (c_void_p, c_size_t, c_void_p, c_size_t, c_int), STATUS),
+    D("runtime", "aclrtMemcpyAsync", aclError, (c_void_p, c_size_t, c_void_p, c_size_t, c_int, aclrtStream_p),
+      STATUS),
+    D("runtime", "aclrtMemset", aclError, (c_void_p, c_size_t, c_int32, c_size_t), STATUS),
+    D("runtime", "aclGetRecentErrMsg", c_char_p, (), PLAIN),
+    D("meta", "aclCreateTensor", aclTensor_p,
+      (POINTER(c_int64), c_uint64, c_int, POINTER(c_int64), c_int64, c_int, POINTER(c_int64), c_uint64, c_void_p),
+      HANDLE),
+    D("meta", "aclDestroyTensor", aclnnStatus, (aclTensor_p,), STATUS),
+    D("meta", "aclCreateIntArray", aclIntArray_p, (POINTER(c_int64), c_uint64), HANDLE),
+    D("meta", "aclDestroyIntArray", aclnnStatus, (aclIntArray_p,), STATUS),
+    D("meta", "aclSetAclOpExecutorRepeatable", aclnnStatus, (aclOpExecutor_p,), STATUS),
+    D("meta", "aclDestroyAclOpExecutor", aclnnStatus, (aclOpExecutor_p,), STATUS),
+    D("meta", "aclSetInputTensorAddr", aclnnStatus, (aclOpExecutor_p, c_size_t, aclTensor_p, c_void_p), STATUS,
+      fast=True),
+    D("meta", "aclSetOutputTensorAddr", aclnnStatus, (aclOpExecutor_p, c_size_t, aclTensor_p, c_void_p), STATUS,
+      fast=True),
+    D("meta", "aclSetRawTensorAddr", aclnnStatus, (aclTensor_p, c_void_p), STATUS),
 )
 
 # Only the emulator has these (acl_emu/acl_emu.h).
 EMULATOR_DECLARATIONS = (
-    ("runtime", "aclEmuVersion", "aclEmuVersion", c_char_p, (), PLAIN),
-    ("runtime", "aclEmuLiveCount", "aclEmuLiveCount", c_int64, (c_int,), PLAIN),
-    ("runtime", "aclEmuLiveBytes", "aclEmuLiveBytes", c_int64, (), PLAIN),
-    ("runtime", "aclEmuSetFaults", "aclEmuSetFaults", aclError, (c_char_p,), STATUS),
-    ("runtime", "aclEmuFaultsInjected", "aclEmuFaultsInjected", c_int64, (), PLAIN),
-    ("runtime", "aclEmuSetThreads", "aclEmuSetThreads", aclError, (c_int32,), STATUS),
-    ("runtime", "aclEmuSetKernelVariant", "aclEmuSetKernelVariant", aclError, (c_int32,), STATUS),
+    D("runtime", "aclEmuVersion", c_char_p, (), PLAIN),
+    D("runtime", "aclEmuLiveCount", c_int64, (c_int,), PLAIN),
+    D("runtime", "aclEmuLiveBytes", c_int64, (), PLAIN),
+    D("runtime", "aclEmuSetFaults", aclError, (c_char_p,), STATUS),
+    D("runtime", "aclEmuFaultsInjected", c_int64, (), PLAIN),
+    D("runtime", "aclEmuSetThreads", aclError, (c_int32,), STATUS),
+    D("runtime", "aclEmuSetKernelVariant", aclError, (c_int32,), STATUS),
 )
+del D
 
+_operator_declarations: List[Declaration] = []
 _STATUS_IN_TEXT = re.compile(r"\[status (-?\d+)\]")
+
+
+def declarations() -> tuple:
+    """Every C function declared: the runtime and meta API, then each operator's."""
+    return DECLARATIONS + tuple(_operator_declarations)
 
 
 def _recent_message(get_message) -> str:
@@ -107,73 +121,81 @@ def raise_status(code: int, api: str, get_message, describe_arguments=None) -> N
     raise error_class(code)(code, api, message, arguments)
 
 
-def _status_checker(api: str, get_message):
-    def check(result, func, args):
-        if result != 0:
-            raise_status(result, api, get_message)
-        return result
-
-    return check
-
-
-def _handle_checker(api: str, get_message):
-    def check(result, func, args):
-        if not result:
-            message = _recent_message(get_message)
-            found = _STATUS_IN_TEXT.search(message)
-            # A constructor reports failure only as NULL; use the code its message names, if any.
-            code = int(found.group(1)) if found else 561103
-            raise error_class(code)(code, api, message or f"{api} returned NULL")
-        return result
-
-    return check
+def raise_null(api: str, get_message) -> None:
+    """Raises for a constructor that returned NULL, with the code its message names, if any."""
+    message = _recent_message(get_message)
+    found = _STATUS_IN_TEXT.search(message)
+    code = int(found.group(1)) if found else 561103
+    raise error_class(code)(code, api, message or f"{api} returned NULL")
 
 
-def _bind(lib: ctypes.CDLL, symbol: str, restype, argtypes):
-    prototype = ctypes.CFUNCTYPE(restype, *argtypes)
-    return prototype((symbol, lib))
+def check(api, status: int, name: str) -> None:
+    """Raises for a non-zero status of the call `name` just made on this thread."""
+    if status != 0:
+        raise_status(status, name, api.get_message)
 
 
-# Hot paths call these without argtypes, with ctypes arguments they build once: the
-# conversions a prototype makes on every call are the largest part of a call's cost.
-HOT_PATH = (
-    ("operator", "aclnnSwigluGroupQuantGrad", aclnnStatus),
-    ("runtime", "aclrtSynchronizeStream", aclError),
-    ("meta", "aclSetInputTensorAddr", aclnnStatus),
-    ("meta", "aclSetOutputTensorAddr", aclnnStatus),
-    ("operator", "aclnnSwigluGroupQuantGradGetWorkspaceSize", aclnnStatus),
-)
+def _checked(function, declaration: Declaration, get_message):
+    symbol = declaration.symbol
+    if declaration.check == STATUS:
+        def call(*args):
+            status = function(*args)
+            if status != 0:
+                raise_status(status, symbol, get_message)
+            return status
+    elif declaration.check == HANDLE:
+        def call(*args):
+            handle = function(*args)
+            if not handle:
+                raise_null(symbol, get_message)
+            return handle
+    else:
+        return function
+    call.__name__ = call.__qualname__ = symbol
+    return call
+
+
+def _bind_one(namespace: SimpleNamespace, libraries: dict, declaration: Declaration) -> None:
+    library = libraries[declaration.library]
+    try:
+        function = ctypes.CFUNCTYPE(declaration.restype, *declaration.argtypes)((declaration.symbol, library))
+    except AttributeError:
+        if not declaration.optional:
+            raise
+        function = None
+    setattr(namespace.raw, declaration.symbol, function)
+    checked = _checked(function, declaration, namespace.get_message) if function is not None else None
+    setattr(namespace, declaration.symbol, checked)
+    if declaration.fast and function is not None:
+        # CDLL item access makes a fresh function object without argtypes: ctypes then
+        # converts each argument only by its own ctypes type.
+        fast = library[declaration.symbol]
+        fast.restype = declaration.restype
+        setattr(namespace.hot, declaration.symbol, fast)
 
 
 def bind_all(libs: _loader.Libraries) -> SimpleNamespace:
-    """Binds every declaration; returns a namespace of checked functions with ``.raw``."""
-    checked = SimpleNamespace()
-    raw = SimpleNamespace()
-    by_library = {"runtime": libs.runtime, "meta": libs.meta, "operator": libs.operator}
-    get_message = _bind(libs.runtime, "aclGetRecentErrMsg", c_char_p, ())
-    declarations = DECLARATIONS + (EMULATOR_DECLARATIONS if libs.is_emulator else ())
-    for library, name, symbol, restype, argtypes, check in declarations:
-        fn = _bind(by_library[library], symbol, restype, argtypes)
-        setattr(raw, name, fn)
-        fn_checked = _bind(by_library[library], symbol, restype, argtypes)
-        if check == STATUS:
-            fn_checked.errcheck = _status_checker(symbol, get_message)
-        elif check == HANDLE:
-            fn_checked.errcheck = _handle_checker(symbol, get_message)
-        setattr(checked, name, fn_checked)
-    checked.raw = raw
-    checked.hot = SimpleNamespace()
-    for library, symbol, restype in HOT_PATH:
-        fn = by_library[library]._FuncPtr((symbol, by_library[library]))
-        fn.restype = restype
-        setattr(checked.hot, symbol, fn)
-    checked.get_message = get_message
-    checked.libraries = libs
-    return checked
+    """Binds every declaration; returns a namespace of checked functions with ``.raw`` and ``.hot``."""
+    bound = SimpleNamespace(raw=SimpleNamespace(), hot=SimpleNamespace(), libraries=libs)
+    libraries = {"runtime": libs.runtime, "meta": libs.meta, "operator": libs.operator}
+    bound.get_message = ctypes.CFUNCTYPE(c_char_p)(("aclGetRecentErrMsg", libs.runtime))
+    bound._libraries = libraries
+    for declaration in declarations() + (EMULATOR_DECLARATIONS if libs.is_emulator else ()):
+        _bind_one(bound, libraries, declaration)
+    return bound
 
 
 _lock = threading.Lock()
 _api: Optional[SimpleNamespace] = None
+
+
+def declare(rows) -> None:
+    """Adds an operator's C functions (bound now if the libraries are already loaded)."""
+    with _lock:
+        _operator_declarations.extend(rows)
+        if _api is not None:
+            for declaration in rows:
+                _bind_one(_api, _api._libraries, declaration)
 
 
 def api() -> SimpleNamespace:
@@ -188,11 +210,13 @@ def api() -> SimpleNamespace:
     return bound
 
 
-def int64_array(values) -> ctypes.Array:
-    return (c_int64 * len(values))(*values)
+def _reset_after_fork() -> None:
+    global _lock
+    _lock = threading.Lock()   # another thread may have held it at the fork
 
 
 __all__ = [
-    "aclTensor_p", "aclIntArray_p", "aclOpExecutor_p", "aclrtStream_p", "DECLARATIONS",
-    "EMULATOR_DECLARATIONS", "api", "bind_all", "raise_status", "int64_array", "AclError",
+    "aclTensor_p", "aclIntArray_p", "aclOpExecutor_p", "aclrtStream_p", "Declaration", "DECLARATIONS",
+    "EMULATOR_DECLARATIONS", "api", "bind_all", "check", "declarations", "declare", "raise_null", "raise_status",
+    "AclError",
 ]

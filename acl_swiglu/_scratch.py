@@ -9,25 +9,19 @@ device memory is one allocation (an arena), each array at a 64-byte aligned offs
 from __future__ import annotations
 
 import ctypes
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
 from . import _ffi
+from ._device import (ACL_MEM_MALLOC_HUGE_FIRST, MEMCPY_DEVICE_TO_HOST, MEMCPY_HOST_TO_DEVICE, contiguous_strides,
+                      element_span, host_element_strides)
 from ._dtypes import ACL_FORMAT_ND, acl_dtype
+from ._ffi import check
 
-ACL_MEM_MALLOC_HUGE_FIRST = 0
-MEMCPY_HOST_TO_DEVICE = 1
-MEMCPY_DEVICE_TO_HOST = 2
 ALIGNMENT = 64   # CANN wants 32-byte aligned tensor addresses
 
-_Int64Array = ctypes.c_int64 * 1
 _dims_cache: Dict[tuple, ctypes.Array] = {}
-
-
-def check(api, status: int, name: str) -> None:
-    if status != 0:
-        _ffi.raise_status(status, name, api.get_message)
 
 
 def _int64s(values: tuple) -> ctypes.Array:
@@ -38,24 +32,6 @@ def _int64s(values: tuple) -> ctypes.Array:
             _dims_cache.clear()
         array = _dims_cache[values] = (ctypes.c_int64 * max(len(values), 1))(*values)
     return array
-
-
-_strides_cache: Dict[tuple, Tuple[int, ...]] = {}
-
-
-def contiguous_strides(shape: Sequence[int]) -> Tuple[int, ...]:
-    shape = tuple(shape)
-    strides = _strides_cache.get(shape)
-    if strides is None:
-        out, step = [], 1
-        for dim in reversed(shape):
-            out.append(step)
-            step *= max(int(dim), 1)
-        strides = tuple(reversed(out))
-        if len(_strides_cache) > 4096:
-            _strides_cache.clear()
-        _strides_cache[shape] = strides
-    return strides
 
 
 class Staged:
@@ -101,12 +77,12 @@ class CallScratch:
             return Staged(array, contiguous_strides(array.shape), 0, -1)
         if array.flags.c_contiguous:
             return Staged(array, contiguous_strides(array.shape), array.size, self._reserve(array.nbytes))
-        itemsize = array.dtype.itemsize
-        if any(s < 0 or s % itemsize for s in array.strides):
+        strides = host_element_strides(array)
+        if strides is None:
             array = np.ascontiguousarray(array)
-        strides = tuple(s // itemsize for s in array.strides)
-        span = sum((d - 1) * s for d, s in zip(array.shape, strides)) + 1
-        return Staged(array, strides, span, self._reserve(span * itemsize))
+            return Staged(array, contiguous_strides(array.shape), array.size, self._reserve(array.nbytes))
+        span = element_span(array.shape, strides)
+        return Staged(array, strides, span, self._reserve(span * array.dtype.itemsize))
 
     def stage_output(self, host: np.ndarray) -> Staged:
         if host.size == 0:
@@ -129,8 +105,7 @@ class CallScratch:
                                           _int64s(staged.strides), 0, ACL_FORMAT_ND, _int64s((staged.span,)), 1,
                                           self.address(staged))
         if not handle:
-            # The checked binding turns the NULL into the right exception with the message.
-            self.api.aclCreateTensor.errcheck(handle, None, None)
+            _ffi.raise_null("aclCreateTensor", self.api.get_message)
         self.tensors.append(handle)
         return handle
 
@@ -153,14 +128,14 @@ class CallScratch:
         pointer = values.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)) if values.size else None
         handle = self.raw.aclCreateIntArray(pointer, values.size)
         if not handle:
-            self.api.aclCreateIntArray.errcheck(handle, None, None)
+            _ffi.raise_null("aclCreateIntArray", self.api.get_message)
         self.int_arrays.append(handle)
         return handle
 
     def __exit__(self, exc_type, exc, tb) -> None:
         raw = self.raw
         if exc_type is not None and self.drain is not None:
-            raw.aclrtSynchronizeStream(self.drain)   # the call's own error is the one to report
+            self.api.hot.aclrtSynchronizeStream(self.drain)   # the call's own error is the one to report
         failed: List[Tuple[int, str]] = []
         for handle in reversed(self.tensors):
             status = raw.aclDestroyTensor(handle)

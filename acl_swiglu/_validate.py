@@ -9,6 +9,7 @@ from typing import NamedTuple, Optional, Tuple
 
 import numpy as np
 
+from ._checks import INT64_MAX
 from ._dtypes import IO_DTYPES, dtype_name
 from .errors import ArgumentError
 
@@ -18,27 +19,23 @@ _I64 = np.dtype(np.int64)
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
-class Problem(NamedTuple):
-    """A validated call: everything phase 1 needs to know, and nothing device-specific."""
+class Rules(NamedTuple):
+    """The shape rules of one ABI revision."""
 
-    abi: int
+    text: str                  # how messages name the revision
+    min_rank: int
+    max_rank: int
+    weight_trailing_one: bool  # weight must be grad_y's leading dims then 1 (else: T elements, 1-8 dims)
+
+
+class Problem(NamedTuple):
+    """A validated call: what the marshaller and the output allocation need."""
+
     dtype: np.dtype
-    grad_y_shape: Tuple[int, ...]
     x_shape: Tuple[int, ...]
     weight_shape: Optional[Tuple[int, ...]]
-    rows: int
-    hidden: int
-    has_weight: bool
-    has_groups: bool
-    group_count: int
     clamp_limit: Optional[float]
-
-    @property
-    def clamp_c_value(self) -> float:
-        """clampLimit as the C double of this ABI revision (its own value for "off")."""
-        if self.clamp_limit is None:
-            return -1.0 if self.abi == 2 else 0.0
-        return float(self.clamp_limit)
+    outputs: dict   # (shape, dtype) of each output the call computes
 
 
 def _describe(value) -> str:
@@ -67,15 +64,27 @@ def check_clamp_limit(clamp_limit) -> Optional[float]:
     return value
 
 
+def host_counts(group_index) -> Tuple[int, ...]:
+    """group_index given as host values: one int64 count per group."""
+    values = np.asarray(group_index)
+    if values.ndim != 1:
+        raise ArgumentError(f"group_index must be 1-D (one count per group), got shape {values.shape}")
+    if values.size and not np.issubdtype(values.dtype, np.integer):
+        raise ArgumentError(f"group_index must hold integers, got dtype {values.dtype}")
+    if values.size and values.dtype == np.uint64 and int(values.max()) > INT64_MAX:
+        raise ArgumentError(f"group_index holds {int(values.max())}, beyond int64")
+    return tuple(int(v) for v in values.astype(np.int64))
+
+
 def _require(value, name: str, kinds, kind_text: str):
     if not isinstance(value, kinds):
         raise TypeError(f"{name} must be {kind_text}, got {_describe(value)}")
 
 
-def validate(grad_y, x, weight, y_origin, group_index, clamp_limit, *, abi: int, array_types,
+def validate(grad_y, x, weight, y_origin, group_index, clamp_limit, *, rules: Rules, array_types,
              array_text: str, group_host: bool, grad_x=None, grad_weight=None, check_outputs: bool = False) -> Problem:
-    """Checks one call. `array_types` are the accepted tensor argument types; `group_host` says
-    group_index is host values (revision 1) rather than an array of `array_types`."""
+    """Checks one call under a revision's `rules`. `array_types` are the accepted tensor
+    argument types; `group_host` says group_index is host values rather than an array."""
     _require(grad_y, "grad_y", array_types, array_text)
     _require(x, "x", array_types, array_text)
     for name, value in (("weight", weight), ("y_origin", y_origin)):
@@ -100,11 +109,11 @@ def validate(grad_y, x, weight, y_origin, group_index, clamp_limit, *, abi: int,
                             "(convert with .astype(numpy.float32))")
 
     gy_shape, x_shape = tuple(grad_y.shape), tuple(x.shape)
-    min_rank, max_rank = (2, 3) if abi == 1 else (1, MAX_RANK)
+    min_rank, max_rank = rules.min_rank, rules.max_rank
     if len(gy_shape) == 0:
         raise ArgumentError("grad_y is 0-d; it must have shape [..., H]")
     if not min_rank <= len(gy_shape) <= max_rank:
-        raise ArgumentError(f"grad_y has {len(gy_shape)} dims {gy_shape}; ABI revision {abi} supports "
+        raise ArgumentError(f"grad_y has {len(gy_shape)} dims {gy_shape}; {rules.text} supports "
                             f"{min_rank} to {max_rank} dims")
     if len(x_shape) != len(gy_shape):
         raise ArgumentError(f"x has {len(x_shape)} dims {x_shape} but grad_y has {len(gy_shape)} {gy_shape}; "
@@ -116,7 +125,6 @@ def validate(grad_y, x, weight, y_origin, group_index, clamp_limit, *, abi: int,
     if gy_shape[-1] * 2 != x_shape[-1]:
         raise ArgumentError(f"grad_y's last dim {gy_shape[-1]} must be half of x's last dim {x_shape[-1]}")
     rows = math.prod(gy_shape[:-1])
-    hidden = gy_shape[-1]
 
     if y_origin is not None and tuple(y_origin.shape) != gy_shape:
         raise ArgumentError(f"y_origin has shape {tuple(y_origin.shape)} but grad_y has {gy_shape}; they must match")
@@ -128,9 +136,9 @@ def validate(grad_y, x, weight, y_origin, group_index, clamp_limit, *, abi: int,
     weight_shape = None
     if weight is not None:
         weight_shape = tuple(weight.shape)
-        if abi == 1:
+        if rules.weight_trailing_one:
             if weight_shape != gy_shape[:-1] + (1,):
-                raise ArgumentError(f"weight has shape {weight_shape}; ABI revision 1 needs grad_y's leading dims "
+                raise ArgumentError(f"weight has shape {weight_shape}; {rules.text} needs grad_y's leading dims "
                                     f"followed by 1: {gy_shape[:-1] + (1,)}")
         else:
             count = math.prod(weight_shape)
@@ -138,21 +146,14 @@ def validate(grad_y, x, weight, y_origin, group_index, clamp_limit, *, abi: int,
                 raise ArgumentError(f"weight has shape {weight_shape} ({count} elements); it must hold one value per "
                                     f"row, T = {rows} elements, in 1 to {MAX_RANK} dims (e.g. {gy_shape[:-1] + (1,)})")
 
-    group_count = 0
     if group_index is not None:
         if group_host:
-            values = np.asarray(group_index)
-            if values.ndim != 1:
-                raise ArgumentError(f"group_index must be 1-D (one count per group), got shape {values.shape}")
-            if values.size and not np.issubdtype(values.dtype, np.integer):
-                raise ArgumentError(f"group_index must hold integers, got dtype {values.dtype}")
-            group_count = values.size
+            host_counts(group_index)
         else:
             if group_index.dtype != _I64:
                 raise ArgumentError(f"group_index has dtype {dtype_name(group_index.dtype)}; it must be int64")
             if len(group_index.shape) != 1:
                 raise ArgumentError(f"group_index must be 1-D [G], got shape {tuple(group_index.shape)}")
-            group_count = int(group_index.shape[0])
 
     clamp = check_clamp_limit(clamp_limit)
 
@@ -170,5 +171,7 @@ def validate(grad_y, x, weight, y_origin, group_index, clamp_limit, *, abi: int,
                 raise ArgumentError(f"grad_weight is {tuple(grad_weight.shape)} {dtype_name(grad_weight.dtype)}; it "
                                     f"must be {weight_shape} float32 like weight")
 
-    return Problem(abi, dtype, gy_shape, x_shape, weight_shape, rows, hidden, weight is not None,
-                   group_index is not None, group_count, clamp)
+    outputs = {"grad_x": (x_shape, dtype)}
+    if weight_shape is not None:
+        outputs["grad_weight"] = (weight_shape, _F32)
+    return Problem(dtype, x_shape, weight_shape, clamp, outputs)

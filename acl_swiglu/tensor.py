@@ -8,7 +8,8 @@ from typing import Optional, Sequence
 import numpy as np
 
 from ._dtypes import ACL_FORMAT_ND, acl_dtype
-from .runtime import DeviceArray, Owned, runtime_api
+from ._device import DeviceArray
+from .runtime import Owned, runtime_api
 
 
 class AclTensor(Owned):

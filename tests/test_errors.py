@@ -483,8 +483,7 @@ def _phase1_raw(api, abi, gy, x, w, yo, group, clamp, gx, gw):
     """Raw phase 1: (status, message); destroys the executor when it succeeds."""
     size = ctypes.c_uint64(12345)
     executor = _ffi.aclOpExecutor_p()
-    fn = api.raw.aclnnSwigluGroupQuantGradGetWorkspaceSize if abi == 2 else \
-        api.raw.aclnnSwigluGroupQuantGradGetWorkspaceSize_rev1
+    fn = api.raw.aclnnSwigluGroupQuantGradGetWorkspaceSize   # one prototype: groupIndex is a pointer either way
     status = fn(gy, x, w, yo, group, clamp, gx, gw, ctypes.byref(size), ctypes.byref(executor))
     message = api.get_message()
     message = message.decode() if message else ""
@@ -499,8 +498,7 @@ def _phase1_raw(api, abi, gy, x, w, yo, group, clamp, gx, gw):
 def _phase1_checked(api, abi, gy, x, w, yo, group, clamp, gx, gw):
     size = ctypes.c_uint64()
     executor = _ffi.aclOpExecutor_p()
-    fn = api.aclnnSwigluGroupQuantGradGetWorkspaceSize if abi == 2 else \
-        api.aclnnSwigluGroupQuantGradGetWorkspaceSize_rev1
+    fn = api.aclnnSwigluGroupQuantGradGetWorkspaceSize   # one prototype: groupIndex is a pointer either way
     try:
         fn(gy, x, w, yo, group, clamp, gx, gw, ctypes.byref(size), ctypes.byref(executor))
     finally:

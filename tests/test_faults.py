@@ -1,7 +1,7 @@
 """Every ACL call the binding makes, made to fail in turn with the emulator's fault injection.
 
 The calls are discovered, not listed: for every C function the package declares
-(``acl_swiglu._ffi.DECLARATIONS``, third field) and N = 1, 2, 3..., the plan ``name:N:code`` is
+(``acl_swiglu._ffi.declarations()``, ``symbol``) and N = 1, 2, 3..., the plan ``name:N:code`` is
 set and one operation is run, until the fault no longer fires. Operations (scenarios): the
 one-shot NumPy call (fp32 / fp16 / bf16 x ABI revisions 1 and 2, with weight, y_origin,
 group_index and clamp), the device-level call (own and default stream, synchronize_device),
@@ -62,8 +62,8 @@ DTYPE_IDS = {F32: "fp32", F16: "fp16", BF16: "bf16"}
 PHASE1 = "aclnnSwigluGroupQuantGradGetWorkspaceSize"
 PHASE2 = "aclnnSwigluGroupQuantGrad"
 
-# Every C function the package declares (C symbol: the two phase-1 revisions share one).
-DECLARED_APIS: Tuple[str, ...] = tuple(dict.fromkeys(decl[2] for decl in _ffi.DECLARATIONS))
+# Every C function the package declares (the two phase-1 revisions share one).
+DECLARED_APIS: Tuple[str, ...] = tuple(dict.fromkeys(decl.symbol for decl in _ffi.declarations()))
 
 # Realistic codes per call (docs/c_abi.md). Phases get two codes each: every (api, N) of a
 # phase is injected once with each.
@@ -72,6 +72,7 @@ CODES: Dict[str, Tuple[int, ...]] = {
     "aclFinalize": (500000,),
     "aclrtSetDevice": (107001,),             # ACL_ERROR_RT_INVALID_DEVICEID
     "aclrtResetDevice": (507000,),           # ACL_ERROR_RT_INTERNAL_ERROR
+    "aclrtGetDevice": (107002,),             # ACL_ERROR_RT_CONTEXT_NULL (no current device)
     "aclrtGetDeviceCount": (507000,),
     "aclrtCreateStream": (200000,),          # ACL_ERROR_BAD_ALLOC
     "aclrtDestroyStream": (507000,),
@@ -114,6 +115,9 @@ NEVER_CALLED = {"aclrtGetDeviceCount", "aclrtMemcpyAsync", "aclrtMemset", "aclSe
 NOT_INJECTABLE = {"aclGetRecentErrMsg"}
 # Called once per process (aclInit) or at exit: injected in subprocesses (test_process_*).
 PROCESS_LEVEL = {"aclInit", "aclFinalize", "aclrtResetDevice"}
+# Asked once per thread, before its first aclrtSetDevice; a failure means "no current device"
+# (the binding then sets one), and a runtime without it is asked nothing.
+DEVICE_QUERY = {"aclrtGetDevice"}
 
 MAX_N = 200   # a call made more often than this in one operation is itself a finding
 
@@ -973,7 +977,7 @@ def test_fault_summary(monkeypatch, record_property):
     for name in SCENARIOS:   # scenarios not run (e.g. with -k) are explored here
         run_exploration(name, monkeypatch)
     fired = {api for r in RECORDS.values() for api in r.fired}
-    accounted = fired | NEVER_CALLED | NOT_INJECTABLE | PROCESS_LEVEL
+    accounted = fired | NEVER_CALLED | NOT_INJECTABLE | PROCESS_LEVEL | DEVICE_QUERY
     assert set(DECLARED_APIS) <= accounted, set(DECLARED_APIS) - accounted
     assert not (fired & NEVER_CALLED), fired & NEVER_CALLED
     distinct = sum(r.distinct for r in RECORDS.values())

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import acl_swiglu
-from acl_swiglu import emulator, errors, op
+from acl_swiglu import _plan, emulator, errors
 
 import device_model
 
@@ -13,9 +13,9 @@ import device_model
 @pytest.fixture(params=["helper", "python"])
 def launch_path(request, monkeypatch):
     if request.param == "python":
-        monkeypatch.setattr(op, "_hotpath_function", [None])
+        monkeypatch.setattr(_plan, "_hotpath_function", [None])
     else:
-        assert op._hotpath() is not None, "the installed package has no libaclswiglu_hotpath.so"
+        assert _plan._hotpath() is not None, "the installed package has no libaclswiglu_hotpath.so"
     return request.param
 
 

@@ -1,0 +1,437 @@
+"""A reusable plan of any described aclnn operator: one repeatable executor for fixed layouts,
+addresses rebound per call, phase 2 (and the stream synchronisation) from a small C helper.
+
+Lifetimes: the plan pins the arrays it is bound to, so a closed one stays allocated until the
+plan lets go of it (a rebinding, or close()) and the plan's stream has passed the work; any
+call that overlaps a close() fails. Everything the plan owns is freed after its stream has
+passed the work queued with it, also when the plan is garbage-collected.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+import weakref
+from contextlib import ExitStack
+from threading import get_ident as _get_ident
+from typing import Dict, Optional, Tuple
+
+from . import _ffi
+from ._aclnn import Executor, Operator, check_open, note_write, start_reading, stop_reading, stream_argument
+from ._device import DeviceArray, DeviceBuffer, Stream
+from .errors import ArgumentError, HandleClosedError
+from .runtime import at_fork_in_child, close_epoch, in_forked_child, pin, repin, runtime_api, unpin, used_on
+from .tensor import AclIntArray, AclTensor
+
+
+class _HotLaunch(ctypes.Structure):
+    """One plan call for libaclswiglu_hotpath.so (its hot_launch struct): what to call and with what."""
+
+    _fields_ = [("launch", ctypes.c_void_p), ("synchronize", ctypes.c_void_p), ("workspace", ctypes.c_void_p),
+                ("workspace_size", ctypes.c_uint64), ("executor", ctypes.c_void_p), ("stream", ctypes.c_void_p)]
+
+
+_HOTPATH_LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_native", "libaclswiglu_hotpath.so")
+_hotpath_function = []
+
+
+def _hotpath():
+    """acl_swiglu_hot_launch from the package's small C helper, or None (then plans make the
+    two calls from Python)."""
+    if not _hotpath_function:
+        function = None
+        if os.path.isfile(_HOTPATH_LIBRARY):
+            try:
+                function = ctypes.CDLL(_HOTPATH_LIBRARY).acl_swiglu_hot_launch
+                function.restype = ctypes.c_int32
+            except (OSError, AttributeError):
+                function = None
+        _hotpath_function.append(function)
+    return _hotpath_function[0]
+
+
+_SYNC_OFF, _SYNC_ON = ctypes.c_int32(0), ctypes.c_int32(1)
+_plans: "weakref.WeakSet[Plan]" = weakref.WeakSet()
+
+
+def _no_thread_identity() -> object:
+    return object()   # equal to no stored identity
+
+
+def _reset_after_fork() -> None:
+    global _get_ident
+    for plan in list(_plans):
+        plan._lock = threading.Lock()   # a parent thread may have been inside the plan
+        plan._owner = None
+    if in_forked_child():
+        # The forking thread keeps its identity in the child: make every plan call go through
+        # runtime_api() again, which refuses ACL use in this child.
+        _get_ident = _no_thread_identity
+
+
+at_fork_in_child(_reset_after_fork)
+
+
+def _let_go(held: Dict[str, tuple], stream_life) -> None:
+    """Unpins everything a plan held (at close(), or when it is garbage-collected)."""
+    unpin([life for lives in held.values() for life in lives], stream_life)
+    held.clear()
+
+
+class Plan:
+    """A repeatable executor of `operator` for fixed shapes, dtypes and options, for hot loops.
+
+    Built once from device arrays (their layouts are the plan's; their addresses the first
+    binding). Each call rebinds only the addresses that changed (aclSetInputTensorAddr /
+    aclSetOutputTensorAddr on the plan's own tensor handles) and launches phase 2 on the plan's
+    stream. Calls are serialised by a lock, so one plan may be shared between threads; a call
+    made from inside another call of the same plan (a gc callback, a finalizer) is refused.
+    """
+
+    _operator: Operator   # set by each operator's subclass
+
+    def __init__(self, arguments: dict, stream: Optional[Stream]):
+        operator = self._operator
+        revision = self._revision = operator.revision()
+        problem = self._problem = operator.validate_device(arguments, revision)
+        check_open(operator.device_arrays(arguments, revision))
+        self.stream = stream_argument(stream)
+        self._lock = threading.Lock()
+        self._owner = None
+        self._closed = False
+        self._owned_outputs = []
+        self._tensors: Dict[str, AclTensor] = {}
+        self._executor: Optional[Executor] = None
+        self._workspace: Optional[DeviceBuffer] = None
+        self._hot_call = None
+        self._last_thread = None
+        self._foreign_writes = False   # set when another stream writes one of the inputs
+        self._arrays: Dict[str, DeviceArray] = {}
+        # What the plan holds pinned, by slot (and "stream"); shared with the finalizer.
+        self._held: Dict[str, tuple] = {}
+        self._unpin = weakref.finalize(self, _let_go, self._held, self.stream._life)
+        _plans.add(self)
+        try:
+            pin([self.stream._life])
+            self._held["stream"] = (self.stream._life,)
+            for name, (shape, dtype) in problem.outputs.items():
+                if arguments.get(name) is None:
+                    arguments[name] = DeviceArray.empty(shape, dtype)
+                    self._owned_outputs.append(arguments[name])
+            self._arrays = operator.device_arrays(arguments, revision)
+            self._slots = {name: None for name in operator.slot_names}
+            self._slots.update(self._arrays)
+            for name, array in self._arrays.items():
+                self._held[name] = array._lives()
+                pin(self._held[name])
+            self._layouts = {name: a.layout() for name, a in self._arrays.items()}
+            self._bound = {name: a.ptr for name, a in self._arrays.items()}
+            # The plan's own handles: rebinding writes into them, so they are not shared.
+            self._tensors = {name: AclTensor(a) for name, a in self._arrays.items()}
+            self._setters = self._address_setters()
+            self._host_values = {name: operator.description.host_values(name, arguments[name])
+                                 for name in revision.host_inputs if arguments.get(name) is not None}
+            self._executor = self._build_executor(self._host_values)
+            # The plan's own workspace: no pool lock on the hot path, never swapped under it.
+            self._workspace_size = self._executor.workspace_size
+            self._workspace_ptr = None
+            if self._workspace_size:
+                self._workspace = DeviceBuffer(self._workspace_size)
+                self._workspace_ptr = self._workspace.ptr
+            owned = list(self._tensors.values()) + [a.buffer for a in self._owned_outputs if a.buffer is not None]
+            if self._workspace is not None:
+                owned.append(self._workspace)
+            # What the plan owns is used by its launches: freed only after the stream passed them.
+            used_on([o._life for o in owned], self.stream._life)
+            hot = runtime_api().hot
+            self._launch = getattr(hot, operator.description.phase2)
+            self._synchronize = hot.aclrtSynchronizeStream
+            self._set_launch_args()
+            for name, array in self._arrays.items():
+                if name not in operator.output_names:
+                    start_reading(array, self)
+            self._set_outputs()
+            self._foreign_writes = True   # the inputs may have writes queued elsewhere
+            self._checked_at = -1
+        except BaseException:
+            self.close()
+            raise
+
+    # -- construction --
+
+    def _address_setters(self) -> dict:
+        """For each bound slot: its setter, slot index, tensor and API name, as ctypes wants them."""
+        hot = runtime_api().hot
+        operator = self._operator
+        setters = {}
+        for name, tensor in self._tensors.items():
+            output = name in operator.output_names
+            index = (operator.output_names if output else operator.input_names).index(name)
+            api_name = "aclSetOutputTensorAddr" if output else "aclSetInputTensorAddr"
+            setters[name] = (getattr(hot, api_name), ctypes.c_size_t(index),
+                             ctypes.cast(tensor._as_parameter_, ctypes.c_void_p), api_name)
+        return setters
+
+    def _build_executor(self, host_values: dict) -> Executor:
+        """A repeatable executor over the plan's tensors (and these host values)."""
+        operator = self._operator
+        with ExitStack() as stack:
+            handles = [stack.enter_context(AclIntArray(host_values[name])) if name in host_values
+                       else self._tensors.get(name) for name in operator.slot_names]
+            handle, size = operator.phase1(runtime_api(), self._revision, self._problem, handles)
+        executor = Executor(operator, handle, size, list(self._tensors.values()), {})
+        try:
+            executor.make_repeatable()
+        except BaseException:
+            executor.close()
+            raise
+        used_on([executor._life], self.stream._life)
+        return executor
+
+    def _set_launch_args(self) -> None:
+        self._launch_args = (ctypes.c_void_p(self._workspace_ptr), ctypes.c_uint64(self._workspace_size),
+                             ctypes.cast(self._executor._as_parameter_, ctypes.c_void_p), self.stream._address)
+        hot = _hotpath()
+        if hot is not None:
+            self._hot_struct = _HotLaunch(ctypes.cast(self._launch, ctypes.c_void_p).value,
+                                          ctypes.cast(self._synchronize, ctypes.c_void_p).value,
+                                          self._workspace_ptr, self._workspace_size, self._launch_args[2].value,
+                                          self.stream._address.value)
+            self._hot_arguments = ctypes.byref(self._hot_struct)
+            self._hot_failed_value = ctypes.c_int32()
+            self._hot_failed = ctypes.byref(self._hot_failed_value)
+            self._hot_call = hot
+
+    def _set_outputs(self) -> None:
+        slots = self._slots
+        self._outputs = tuple([slots[name] for name in self._operator.output_names])
+        self._written = tuple([a for a in self._outputs if a is not None])
+
+    @property
+    def workspace_size(self) -> int:
+        return self._executor.workspace_size if self._executor is not None else 0
+
+    # -- calls --
+
+    def __call__(self, *arrays: DeviceArray, synchronize: bool = False, **named: DeviceArray) -> tuple:
+        """plan(<inputs>..., *, <outputs>=..., synchronize=False): launches phase 2 with the given
+        arrays rebound (others keep their last binding) and returns the bound outputs. The work
+        is queued on the plan's stream; with synchronize=True the call also waits for it (one
+        call instead of two on the hot path)."""
+        ident = _get_ident()
+        if ident != self._last_thread:
+            runtime_api()   # a thread's first call: bind it to a device
+            self._last_thread = ident
+        lock = self._lock
+        if not lock.acquire(False):
+            self._acquire_contended(ident)
+        self._owner = ident
+        try:
+            if arrays or named:
+                self._rebind_all(arrays, named)
+            checked = self._checked_at
+            if checked != close_epoch[0]:
+                # Something was closed since the last check (a plan's own close() resets
+                # _checked_at, so a closed plan always gets here).
+                self._check_bindings()
+                checked = self._checked_at
+            if self._foreign_writes:
+                self._wait_for_foreign_writes()
+            hot = self._hot_call
+            if hot is not None:
+                status = hot(self._hot_arguments, _SYNC_ON if synchronize else _SYNC_OFF, self._hot_failed)
+                if status:
+                    self._raise_launch_failure(status, self._hot_failed_value.value == 1)
+            else:
+                self._launch_from_python(synchronize)
+            if checked != close_epoch[0]:
+                self._check_bindings()   # something was closed during the launch: this call fails
+            if not synchronize:
+                stream = self.stream
+                for array in self._written:
+                    array.pending = stream
+                    if array._readers is not None:
+                        note_write(array, stream)
+            return self._outputs
+        finally:
+            self._owner = None
+            lock.release()
+
+    def _acquire_contended(self, ident: int) -> None:
+        if self._owner == ident:
+            raise RuntimeError(f"this {type(self).__name__} was called from code run inside one of its own calls "
+                               "(a gc callback or finalizer); call it after that call returns")
+        self._lock.acquire()
+
+    def _check_bindings(self) -> None:
+        """The plan, every bound array, and the stream must still be open."""
+        if self._closed:
+            raise HandleClosedError(f"this {type(self).__name__} was closed")
+        check_open(self._arrays)
+        self.stream.check_open("stream")
+        self._checked_at = close_epoch[0]
+
+    def _wait_for_foreign_writes(self) -> None:
+        """An input was written on another stream since the last call: wait for that write."""
+        self._foreign_writes = False
+        stream = self.stream
+        outputs = self._operator.output_names
+        for name, array in self._arrays.items():
+            if name not in outputs and array.pending is not None and array.pending is not stream:
+                array.wait_for_writer()
+
+    def _launch_from_python(self, synchronize: bool) -> None:
+        """Phase 2 and the synchronisation as two ctypes calls (without the C helper)."""
+        status = self._launch(*self._launch_args)
+        if status:
+            self._raise_launch_failure(status, True)
+        if synchronize:
+            status = self._synchronize(self._launch_args[3])
+            if status:
+                self._raise_launch_failure(status, False)
+
+    def _rebind_all(self, arrays, named) -> None:
+        operator = self._operator
+        order = operator.input_names
+        if len(arrays) > len(order):
+            raise TypeError(f"a plan takes at most {len(order)} positional arrays ({', '.join(order)}), "
+                            f"got {len(arrays)}")
+        slots = self._slots
+        for name in named:
+            if name not in slots:
+                raise TypeError(f"a plan takes no argument {name!r}; it takes {', '.join(operator.slot_names)} and "
+                                "synchronize")
+            if name in order[:len(arrays)]:
+                raise TypeError(f"{name} given twice")
+        if self._closed:
+            raise HandleClosedError(f"this {type(self).__name__} was closed")
+        host_inputs = self._revision.host_inputs
+        host_values = {}
+        held, released = [], []
+        outputs_changed = False
+        try:
+            for name, array in (*zip(order, arrays), *named.items()):
+                if array is None:
+                    continue
+                if name in host_inputs:
+                    host_values[name] = array   # read at phase 1: after every address is rebound
+                elif array is not slots[name]:
+                    self._rebind(name, array, held, released)
+                    outputs_changed = outputs_changed or name in operator.output_names
+        finally:
+            # The plan holds the new arrays and lets go of the old ones (freed now if they were
+            # closed, once the stream has passed the launches that used them).
+            if held or released:
+                repin(held, released, self.stream._life)
+            if outputs_changed:
+                self._set_outputs()
+        if host_values:
+            self._regroup(host_values)
+
+    def _raise_launch_failure(self, status: int, in_phase2: bool) -> None:
+        api = runtime_api()
+        if in_phase2:
+            self._operator.check_status(api, status, self._operator.description.phase2)
+        _ffi.raise_status(status, "aclrtSynchronizeStream", api.get_message)
+
+    def _rebind(self, name: str, array: DeviceArray, held: list, released: list) -> None:
+        layout = self._layouts.get(name)
+        if layout is None:
+            raise ArgumentError(f"the plan was built without {name}; build another plan to use it")
+        if not isinstance(array, DeviceArray):
+            raise TypeError(f"{name} must be a DeviceArray, got {type(array).__name__}")
+        if array.closed:
+            raise HandleClosedError(f"{name} is a closed DeviceArray")
+        if array._layout != layout:
+            raise ArgumentError(f"{name} has layout (shape, dtype, strides, offset) {array.layout()}; the plan was "
+                                f"built for {layout}")
+        ptr = array.ptr
+        if ptr != self._bound[name]:
+            set_address, index, tensor, api_name = self._setters[name]
+            status = set_address(self._launch_args[2], index, tensor, ctypes.c_void_p(ptr))
+            if status:
+                self._operator.check_status(runtime_api(), status, api_name)
+            self._bound[name] = ptr
+        lives = array._lives()
+        held.extend(lives)
+        released.extend(self._held[name])
+        self._held[name] = lives
+        self._arrays[name] = self._slots[name] = array
+        if name not in self._operator.output_names:
+            start_reading(array, self)
+            if array.pending is not None and array.pending is not self.stream:
+                self._foreign_writes = True   # written on another stream: wait before the launch
+
+    def _regroup(self, host_values: dict) -> None:
+        describe = self._operator.description.host_values
+        values = {}
+        for name, value in host_values.items():
+            if name not in self._host_values:
+                raise ArgumentError(f"the plan was built without {name}; build another plan to use it")
+            values[name] = describe(name, value)
+        if any(values[name] != self._host_values[name] for name in values):
+            # Host values are read at phase 1: new ones need a new executor. The plan switches
+            # to it only once it exists, so a failure leaves the old one in use.
+            merged = dict(self._host_values, **values)
+            executor = self._build_executor(merged)
+            if executor.workspace_size > self._workspace_size:
+                executor.close()
+                raise ArgumentError(f"the new {', '.join(values)} need a larger workspace; build another plan")
+            old, self._executor, self._host_values = self._executor, executor, merged
+            self._set_launch_args()
+            old.close()   # freed once the stream has passed the launches queued with it
+
+    # -- end --
+
+    def close(self) -> None:
+        """Destroys the executor and the plan's tensors, frees outputs the plan allocated (after
+        the work queued with them is done), and lets go of the arrays it was bound to."""
+        if in_forked_child():
+            self._closed = True   # the parent's device state is not this process's to free
+            self._checked_at = -1
+            return
+        ident = _get_ident()
+        if not self._lock.acquire(False):
+            self._acquire_contended(ident)
+        try:
+            if self._closed:
+                return
+            self._closed = True
+            self._checked_at = -1   # the next call checks, and fails
+            self._hot_call = None
+            stream = self.stream
+            try:
+                if self._executor is not None and not stream.closed:
+                    stream.synchronize()   # report a failure of queued work here
+            finally:
+                if self._executor is not None:
+                    self._executor.close()
+                for tensor in self._tensors.values():
+                    tensor.close()
+                for array in self._owned_outputs:
+                    array.close()
+                if self._workspace is not None:
+                    self._workspace.close()
+                for array in self._arrays.values():
+                    stop_reading(array, self)
+                if self._unpin.detach() is not None:
+                    _let_go(self._held, stream._life)
+        finally:
+            self._lock.release()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+            return
+        try:
+            self.close()   # everything is released either way
+        except Exception:  # the error already propagating is the one that matters
+            pass
