@@ -2,8 +2,12 @@
  * work queued, workspaces of the wrong kind, clamp sentinels at fp32 rounding edges, the ABI
  * variables' whitespace rules and the error text's read-and-clear order. */
 #define _GNU_SOURCE
+#include <fenv.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
 
 #include "acl_emu/acl_emu.h"
 #include "emu_problem.h"
@@ -211,6 +215,89 @@ static void test_error_message_order(void)
     CHECK(aclGetRecentErrMsg() == NULL);
 }
 
+/* The caller's floating-point environment (directed rounding, and FTZ/DAZ on x86-64) changes
+ * neither phase 1's reading of the clamp nor the bytes the kernel writes on several threads. */
+static void set_hostile_fp_env(int on)
+{
+#if defined(__x86_64__)
+    unsigned int csr = _mm_getcsr();
+    _mm_setcsr(on ? csr | 0x8040u : csr & ~0x8040u);   /* FTZ and DAZ */
+#endif
+    fesetround(on ? FE_DOWNWARD : FE_TONEAREST);
+}
+
+static void run_into(prob *p, double clamp, void *gx_copy, void *gw_copy)
+{
+    aclOpExecutor *ex = phase1_ok(p, clamp);
+    if (ex != NULL) launch_sync(ex, g_stream);
+    download(gx_copy, p->dgx, (size_t)(p->T * 2 * p->H) * sizeof(float));
+    download(gw_copy, p->dgw, (size_t)p->T * sizeof(float));
+}
+
+static void test_caller_fp_environment(void)
+{
+    enum { ROWS = 96, HID = 520 };
+    prob p;
+    prob_init(&p, ROWS, HID, 1, -1, NULL, 16, 1);
+    /* Subnormal gradients, so that FTZ/DAZ would change them. */
+    for (size_t i = 0; i < (size_t)ROWS * HID; i++) p.gy[i] *= 1e-38f;
+    upload(p.dgy, p.gy, (size_t)ROWS * HID * sizeof(float));
+    size_t gx_bytes = (size_t)ROWS * 2 * HID * sizeof(float);
+    float *want_gx = malloc(gx_bytes), *got_gx = malloc(gx_bytes);
+    float want_gw[ROWS], got_gw[ROWS];
+    CHECK_EQ_INT(aclEmuSetThreads(3), ACL_SUCCESS);
+    static const double clamps[] = {-1.0 - 1e-12, 1.5, 1.0000000001};
+    for (size_t c = 0; c < sizeof clamps / sizeof clamps[0]; c++) {
+        run_into(&p, clamps[c], want_gx, want_gw);
+        set_hostile_fp_env(1);
+        run_into(&p, clamps[c], got_gx, got_gw);
+        set_hostile_fp_env(0);
+        CHECK(memcmp(want_gx, got_gx, gx_bytes) == 0);
+        CHECK(memcmp(want_gw, got_gw, sizeof want_gw) == 0);
+    }
+    CHECK_EQ_INT(verify(&p, ROWS, 1, 1.0000000001), 0);
+    int subnormal = 0;
+    for (size_t i = 0; i < (size_t)ROWS * 2 * HID; i++) {
+        subnormal += want_gx[i] != 0.0f && fabsf(want_gx[i]) < 1.17549435e-38f;
+    }
+    CHECK(subnormal > 0);
+    /* Phase 1 takes or refuses each limit alike in both environments and both revisions; a
+     * limit that is subnormal in fp32 is a positive limit (DAZ must not make it 0). */
+    static const struct { double limit; int rc[2]; } limits[] = {
+        {1e-40, {ACLNN_SUCCESS, ACLNN_SUCCESS}},
+        {1.5e-45, {ACLNN_SUCCESS, ACLNN_SUCCESS}},
+        {1e-310, {ACLNN_ERR_INNER_TILING_ERROR, ACLNN_ERR_INNER_TILING_ERROR}},   /* 0 in fp32 */
+        {-1e-40, {ACLNN_ERR_INNER_TILING_ERROR, ACLNN_ERR_INNER_TILING_ERROR}},
+        {0.0, {ACLNN_SUCCESS, ACLNN_ERR_INNER_TILING_ERROR}},                     /* revision 1's off */
+        {-1.0, {ACLNN_ERR_INNER_TILING_ERROR, ACLNN_SUCCESS}},                    /* revision 2's off */
+    };
+    for (int abi = 1; abi <= 2; abi++) {
+        setenv("ACL_EMU_ABI", abi == 1 ? "1" : "2", 1);
+        for (size_t i = 0; i < sizeof limits / sizeof limits[0]; i++) {
+            for (int hostile = 0; hostile <= 1; hostile++) {
+                uint64_t ws = 0;
+                aclOpExecutor *ex = NULL;
+                set_hostile_fp_env(hostile);
+                int rc = phase1(&p, limits[i].limit, &ws, &ex);
+                set_hostile_fp_env(0);
+                if (rc != limits[i].rc[abi - 1]) {
+                    fprintf(stderr, "  revision %d, clampLimit %g, hostile environment %d\n", abi,
+                            limits[i].limit, hostile);
+                }
+                CHECK_EQ_INT(rc, limits[i].rc[abi - 1]);
+                if (rc == 0 && ex != NULL) CHECK_EQ_INT(aclDestroyAclOpExecutor(ex), ACLNN_SUCCESS);
+                (void)aclGetRecentErrMsg();
+            }
+        }
+    }
+    unsetenv("ACL_EMU_ABI");
+    CHECK_EQ_INT(fegetround(), FE_TONEAREST);
+    CHECK_EQ_INT(aclEmuSetThreads(0), ACL_SUCCESS);
+    free(want_gx);
+    free(got_gx);
+    prob_free(&p);
+}
+
 int main(void)
 {
     unsetenv("ACL_SWIGLU_ABI");
@@ -225,6 +312,7 @@ int main(void)
     test_clamp_sentinels();
     test_abi_variable_rules();
     test_error_message_order();
+    test_caller_fp_environment();
     check_live_counts(&start);
     CHECK_EQ_INT(aclrtDestroyStream(g_stream), ACL_SUCCESS);
     CHECK_EQ_INT(aclrtResetDevice(0), ACL_SUCCESS);
