@@ -298,6 +298,26 @@ static void test_caller_fp_environment(void)
     prob_free(&p);
 }
 
+/* Copies and sets whose range wraps past the top of the address space say so, instead of
+ * naming an allocation that does not exist; a size that overflows is refused the same way. */
+static void test_wrapping_copy_ranges(void)
+{
+    char *d = dev_alloc(64);
+    static char host[64];
+    CHECK_FAILS(aclrtMemcpy(d, SIZE_MAX, host, SIZE_MAX, ACL_MEMCPY_HOST_TO_DEVICE),
+                ACL_ERROR_INVALID_PARAM, "aclrtMemcpy", "dst range", "wraps past the top");
+    CHECK_FAILS(aclrtMemcpy((void *)(UINTPTR_MAX - 15), 64, d, 64, ACL_MEMCPY_DEVICE_TO_HOST),
+                ACL_ERROR_INVALID_PARAM, "aclrtMemcpy", "dst range", "wraps past the top");
+    CHECK_FAILS(aclrtMemcpy(host, 64, (void *)(UINTPTR_MAX - 15), 64, ACL_MEMCPY_HOST_TO_HOST),
+                ACL_ERROR_INVALID_PARAM, "aclrtMemcpy", "src range", "wraps past the top");
+    CHECK_FAILS(aclrtMemset((void *)(UINTPTR_MAX - 15), 64, 0, 64), ACL_ERROR_INVALID_PARAM,
+                "aclrtMemset", "wraps past the top");
+    /* A range that runs off a real allocation still names it. */
+    CHECK_FAILS(aclrtMemcpy(d + 32, 64, host, 64, ACL_MEMCPY_HOST_TO_DEVICE),
+                ACL_ERROR_INVALID_PARAM, "dst range", "runs past the end of device allocation");
+    CHECK_EQ_INT(aclrtFree(d), ACL_SUCCESS);
+}
+
 int main(void)
 {
     unsetenv("ACL_SWIGLU_ABI");
@@ -313,6 +333,7 @@ int main(void)
     test_abi_variable_rules();
     test_error_message_order();
     test_caller_fp_environment();
+    test_wrapping_copy_ranges();
     check_live_counts(&start);
     CHECK_EQ_INT(aclrtDestroyStream(g_stream), ACL_SUCCESS);
     CHECK_EQ_INT(aclrtResetDevice(0), ACL_SUCCESS);
