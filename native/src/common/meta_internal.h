@@ -22,6 +22,9 @@ struct aclTensor {
     int64_t offset;                  /* elements from data */
     int64_t storage_numel;
     void *data;
+    /* Unique per aclCreateTensor, so that a new tensor that reuses a destroyed one's address is
+     * not mistaken for it (an executor's slot records the serial of its phase-1 handle). */
+    uint64_t serial;
 };
 
 struct aclIntArray {

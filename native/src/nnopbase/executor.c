@@ -143,6 +143,12 @@ static int check_slot(const char *api, const char *side, const aclOpExecutor *ex
                            "tensor %p is not the handle given as %s %zu at phase 1 (%p)",
                            (const void *)tensor, side, index, (const void *)slots[index].handle);
     }
+    if (slots[index].view.serial != tensor->serial) {
+        return aclEmu_fail(ACLNN_ERR_PARAM_INVALID, api,
+                           "tensor %p is a new tensor at the address of the one given as %s %zu "
+                           "at phase 1, which was destroyed since",
+                           (const void *)tensor, side, index);
+    }
     return 0;
 }
 

@@ -153,6 +153,8 @@ EMU_EXPORT aclTensor *aclCreateTensor(const int64_t *viewDims, uint64_t viewDims
                              (long long)last, (long long)offset, (long long)storage_numel);
     }
     t->storage_numel = storage_numel;
+    static uint64_t next_serial;
+    t->serial = __atomic_add_fetch(&next_serial, 1, __ATOMIC_RELAXED);
     aclEmu_handle_add(ACL_EMU_KIND_TENSOR, t);
     return t;
 }

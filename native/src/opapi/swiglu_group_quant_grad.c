@@ -182,12 +182,18 @@ static int check_weight(const aclTensor *grad_y, const aclTensor *weight,
 static int check_clamp(double clamp_limit, int abi, int *clamp_on)
 {
     float c = swiglu_float_nearest(clamp_limit);   /* as the kernel converts it, whatever the caller's mode */
-    int off = abi == 1 ? clamp_limit == 0.0 : c == -1.0f;
+    /* Decided on the bits: a comparison here runs in the caller's environment, where DAZ would
+     * take a subnormal limit for 0. */
+    uint32_t c_bits;
+    uint64_t limit_bits;
+    memcpy(&c_bits, &c, sizeof c_bits);
+    memcpy(&limit_bits, &clamp_limit, sizeof limit_bits);
+    int off = abi == 1 ? (limit_bits << 1) == 0 : c_bits == 0xBF800000u;   /* +-0.0 / -1.0f */
     if (off) {
         *clamp_on = 0;
         return 0;
     }
-    if (!(c > 0.0f)) {
+    if (c_bits == 0 || c_bits > 0x7F800000u) {   /* not in (0, +inf]: zero, negative or NaN */
         const char *rule = abi == 1 ? "ABI revision 1 needs clampLimit >= 0 (0 for off; a limit "
                                       "that is on must be > 0 in fp32)"
                                     : "it must be > 0 in fp32, or -1.0 for off";

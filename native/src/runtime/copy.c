@@ -27,6 +27,11 @@ static int check_side(const char *api, const char *side, const void *ptr, size_t
     aclEmuRegion region = {0, 0, 0, 0};
     aclEmuRangeClass cls = aclEmu_mem_classify(ptr, count, &region);
     *is_device = cls == EMU_RANGE_DEVICE;
+    if (cls == EMU_RANGE_STRADDLES && region.size == 0) {   /* no allocation: the range wraps */
+        return aclEmu_fail(ACL_ERROR_INVALID_PARAM, api,
+                           "%s range [%p, +%zu) wraps past the top of the address space", side,
+                           ptr, count);
+    }
     if (cls == EMU_RANGE_STRADDLES) {
         return aclEmu_fail(ACL_ERROR_INVALID_PARAM, api,
                            "%s range [%p, +%zu) runs past the end of device allocation %p of "

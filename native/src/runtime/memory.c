@@ -115,6 +115,11 @@ void aclEmu_mem_describe(const void *ptr, size_t len, char *buf, size_t size)
                  (void *)region.base, region.size, region.offset, region.device);
         break;
     case EMU_RANGE_STRADDLES:
+        if (region.size == 0) {   /* no allocation concerned: the range wraps */
+            snprintf(buf, size, "a range of %zu bytes at %p that wraps past the top of the "
+                     "address space", len, ptr);
+            break;
+        }
         snprintf(buf, size,
                  "a range of %zu bytes at %p that runs outside device allocation %p of %zu bytes",
                  len, ptr, (void *)region.base, region.size);

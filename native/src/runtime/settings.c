@@ -35,7 +35,13 @@ uint64_t aclEmu_env_u64(const char *name, uint64_t fallback)
 
 __attribute__((constructor)) static void settings_from_environment(void)
 {
-    thread_count = (int)aclEmu_env_u64("ACL_EMU_THREADS", 0);
+    uint64_t threads = aclEmu_env_u64("ACL_EMU_THREADS", 0);
+    if (threads > 256) {   /* the bound aclEmuSetThreads enforces; (int) would wrap it */
+        fprintf(stderr, "acl-swiglu emulator: ignoring ACL_EMU_THREADS=%llu (0 for one per CPU, "
+                "or 1..256)\n", (unsigned long long)threads);
+        threads = 0;
+    }
+    thread_count = (int)threads;
     long online = sysconf(_SC_NPROCESSORS_ONLN);
     online_cpus = online > 0 ? (int)online : 1;
     const char *variant = getenv("ACL_EMU_KERNEL");
