@@ -17,7 +17,8 @@ TOOLCHAIN = ROOT / "cmake" / "toolchain-aarch64-linux-gnu.cmake"
 TOOLS = {"aarch64-linux-gnu-gcc": "gcc-aarch64-linux-gnu", "aarch64-linux-gnu-g++": "g++-aarch64-linux-gnu",
          "qemu-aarch64": "qemu-user"}
 EM_AARCH64 = 183   # ELF e_machine
-pytestmark = pytest.mark.allow_live_handles   # separate processes; nothing lives in this one
+# slow: CI runs it as a step of its own, `pytest -m slow` (see README). Separate processes; nothing lives in this one.
+pytestmark = [pytest.mark.slow, pytest.mark.allow_live_handles]
 
 
 @pytest.fixture(scope="module")

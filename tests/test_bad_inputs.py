@@ -35,21 +35,6 @@ pytestmark = pytest.mark.emulator_only
 DEVICE_CHECK_LIMIT = 1 << 20   # device inputs larger than this (zero-stride huge views) are not read back
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _cheap_garbage_collection():
-    """The leak check after every test runs gc.collect(), which walks the whole heap: with a few
-    hundred cases that dominates the run time. Objects that exist before this module runs (when
-    no native handle is live: the leak check guarantees it) are frozen out of the collector's
-    walk for the module's duration; everything the tests create is collected as usual."""
-    gc.collect()
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-        gc.collect()
-
-
 # ----------------------------------------------------------------------------- helpers
 
 

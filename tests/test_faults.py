@@ -958,14 +958,7 @@ def _summary_lines() -> List[str]:
 
 @pytest.fixture(scope="module", autouse=True)
 def print_fault_summary(request):
-    # Thousands of gc.collect() calls: objects that exist before the module are frozen out of
-    # the collector's scans (they cannot hold this module's handles), which makes each cheap.
-    gc.collect()
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
+    yield
     if not RECORDS and not PROCESS_FAULTS:
         return
     capture = request.config.pluginmanager.getplugin("capturemanager")

@@ -27,6 +27,11 @@ def test_the_two_commands_are_the_ci_commands():
     ]
     ci = (ROOT / ".ci" / "run").read_text()
     assert commands[1] in ci, ".ci/run must run exactly the README's test command"
+    # the default run deselects the slow tier; CI runs it right after, and the README says so
+    lines = ci.splitlines()
+    test_step = next(i for i, line in enumerate(lines) if commands[1] in line)
+    assert lines[test_step + 1] == "pytest -m slow", ".ci/run must run the slow tier after the test command"
+    assert "pytest -m slow" in README
 
 
 def test_python_examples_run(monkeypatch):

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.allow_live_handles   # everything runs in child processes
+# slow: CI runs it as a step of its own, `pytest -m slow` (see README). Everything runs in child processes.
+pytestmark = [pytest.mark.slow, pytest.mark.allow_live_handles]
 
 SANITIZER_REPORTS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:", "SUMMARY: UndefinedBehavior")
 
