@@ -113,6 +113,13 @@ def _recent_message(get_message) -> str:
     return text.decode("utf-8", "replace") if text else ""
 
 
+def drop_message(get_message: Callable[[], Optional[bytes]]) -> None:
+    """Reads and drops this thread's pending error text. aclGetRecentErrMsg clears what it returns
+    and texts pile up until read: after a failure the package ignores on purpose (a cleanup call),
+    reading once keeps that text out of the next error."""
+    get_message()
+
+
 def raise_status(code: int, api: str, get_message, describe_arguments=None) -> None:
     """Raises the exception for a failed call; call it on the failing thread, right away.
     `describe_arguments(message)` may say which Python arguments the message's names are."""

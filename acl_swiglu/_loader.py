@@ -22,7 +22,7 @@ import stat
 import threading
 import warnings
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from . import _releases
 from .errors import ConfigurationError, LibraryNotFoundError
@@ -121,12 +121,10 @@ def _absolute(variable: str, value: str) -> str:
 
 # ---- the ABI revision ----
 
-# os.environ encodes the key on every lookup; its bytes mapping (POSIX CPython) does not.
-_ENVIRON_BYTES = getattr(os.environ, "_data", None)
-if not isinstance(_ENVIRON_BYTES, dict):
-    _ENVIRON_BYTES = None
-_ABI_KEY = ENV_ABI.encode()
-_override_warned = set()
+_override_warned: Set[int] = set()
+# The last ACL_SWIGLU_ABI text seen and its revision: calls read the variable every time (it may
+# change between calls), and parse it only when it changed.
+_abi_setting: Tuple[Optional[str], Optional[int]] = (None, None)
 
 
 def abi_revision() -> int:
@@ -136,15 +134,12 @@ def abi_revision() -> int:
     revision the install declares (its operator header; ACL_EMU_ABI for the bundled emulator), else
     2. Without ACL_SWIGLU_ABI this loads the libraries, since the answer depends on them.
     """
-    raw = _ENVIRON_BYTES.get(_ABI_KEY) if _ENVIRON_BYTES is not None else os.environ.get(ENV_ABI)
-    if raw is None:
-        value = None
-    elif raw == b"2" or raw == "2":
-        value = 2
-    elif raw == b"1" or raw == "1":
-        value = 1
-    else:
-        value = parse_revision(ENV_ABI, os.environ.get(ENV_ABI))
+    global _abi_setting
+    raw = os.environ.get(ENV_ABI)
+    seen, value = _abi_setting
+    if raw != seen:
+        value = parse_revision(ENV_ABI, raw)   # raises for a bad value, every call, caching nothing
+        _abi_setting = (raw, value)
     libs = _loaded
     if value is None:
         return _install_revision if libs is not None else libraries().info.abi_declared or DEFAULT_ABI

@@ -101,6 +101,7 @@ class _Runtime:
                 code = api.raw.aclInit(None)
                 if code == ACL_ERROR_REPEAT_INITIALIZE:
                     self.initialized_here = False   # someone else owns ACL: never finalise it
+                    _ffi.drop_message(api.get_message)
                 elif code != 0:
                     _ffi.raise_status(code, "aclInit", api.get_message)
                 else:
@@ -191,8 +192,10 @@ class _Runtime:
             return
         for stream_life in streams or ():
             _quiet_wait(stream_life)
-        if release is not None:
-            release()
+        if release is not None and release():
+            # A failed free cannot be acted on (the owner is gone or closing); its text must not
+            # show up in the next error of this thread.
+            _ffi.drop_message(_ffi.api().get_message)
         for dependent in dependents or ():
             dependent.close()
 
@@ -236,10 +239,13 @@ class _Runtime:
             self.shut_down = True
         api = _ffi.api()
         local = self.local
+        failed = False
         if getattr(local, "device", None) is not None and not local.adopted:
-            api.raw.aclrtResetDevice(local.device)
+            failed = api.raw.aclrtResetDevice(local.device) != 0
         if self.initialized_here:
-            api.raw.aclFinalize()
+            failed = api.raw.aclFinalize() != 0 or failed
+        if failed:   # nothing can be done about it at exit
+            _ffi.drop_message(api.get_message)
 
     def after_fork_in_child(self) -> None:
         self.lock = threading.RLock()
@@ -257,7 +263,7 @@ def _current_device(api) -> Optional[int]:
         return None
     device = ctypes.c_int32(-1)
     if get_device(ctypes.byref(device)) != 0:
-        api.get_message()   # "no device yet" is an answer, not an error: drop its text
+        _ffi.drop_message(api.get_message)   # "no device yet" is an answer, not an error
         return None
     return device.value
 
