@@ -33,7 +33,7 @@ SCHEMA = ("swiglu_group_quant_grad(Tensor grad_y, Tensor x, *, Tensor? weight=No
           "Tensor? group_index=None, float clamp_limit=-1.0) -> (Tensor, Tensor)")
 OP_NAME = "acl_swiglu::swiglu_group_quant_grad"
 
-_NUMPY_DTYPES = {torch.float32: np.dtype(np.float32), torch.float16: np.dtype(np.float16),
+_NUMPY_DTYPES: Dict[torch.dtype, np.dtype] = {torch.float32: np.dtype(np.float32), torch.float16: np.dtype(np.float16),
                  torch.bfloat16: bfloat16, torch.int64: np.dtype(np.int64)}
 IO_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_RANK = 8
