@@ -302,6 +302,7 @@ class BackendInfo:
 
     @property
     def abi(self) -> int:
+        """The ABI revision calls use now (abi_revision(): ACL_SWIGLU_ABI, else the install's, else 2)."""
         return abi_revision()
 
     @property
@@ -479,6 +480,7 @@ class Libraries:
 
     @property
     def is_emulator(self) -> bool:
+        """True when these are the bundled CPU emulator's libraries."""
         return self.info.backend == "emulator"
 
 
