@@ -508,8 +508,8 @@ def npu_stand_in(monkeypatch):
 @pytest.mark.emulator_only
 def test_npu_kernel_keeps_the_device_torch_npu_made_current(npu_stand_in, monkeypatch):
     """The package adopts the thread's current device: it never sets one behind torch_npu."""
+    import concurrent.futures
     import contextlib
-    import threading
 
     from acl_swiglu import _ffi, runtime
 
@@ -529,25 +529,18 @@ def test_npu_kernel_keeps_the_device_torch_npu_made_current(npu_stand_in, monkey
     grad_y, x, w, y_origin = _views("rows", torch.float32)
     expect_x, _ = at.swiglu_group_quant_grad(grad_y, x, weight=w, y_origin=y_origin)
     on_device = [memory.holding(t) for t in (grad_y, x, w, y_origin)]
-    box = {}
 
     def work():   # a fresh thread: no device until torch_npu sets one
-        try:
-            grad_x, _ = at._npu(*on_device[:2], weight=on_device[2], y_origin=on_device[3])
-            stream.synchronize()
-            box["grad_x"] = grad_x.clone()
-            device = ctypes.c_int32(-1)
-            box["current"] = (api.raw.aclrtGetDevice(ctypes.byref(device)), device.value)
-        except Exception as exc:
-            box["error"] = exc
+        grad_x, _ = at._npu(*on_device[:2], weight=on_device[2], y_origin=on_device[3])
+        stream.synchronize()
+        device = ctypes.c_int32(-1)
+        return grad_x.clone(), (api.raw.aclrtGetDevice(ctypes.byref(device)), device.value)
 
-    thread = threading.Thread(target=work)
-    thread.start()
-    thread.join(120)
-    assert "error" not in box, box
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        grad_x, current = pool.submit(work).result(timeout=120)
     assert set_by_package == []
-    assert box["current"] == (0, 0)
-    np.testing.assert_array_equal(_numpy(box["grad_x"]).view(np.uint8), _numpy(expect_x).view(np.uint8))
+    assert current == (0, 0)
+    np.testing.assert_array_equal(_numpy(grad_x).view(np.uint8), _numpy(expect_x).view(np.uint8))
 
 
 @pytest.mark.emulator_only
