@@ -32,7 +32,7 @@ def _validate(arguments: Mapping[str, Any], revision: Revision, array_types: Tup
                        get("clamp_limit"), rules=cast(Rules, revision.rules), array_types=array_types,
                        array_text=array_text, group_host=group_host, grad_x=get("grad_x"),
                        grad_weight=get("grad_weight"), check_outputs=check_outputs)
-    if group_host or np.ndarray in array_types:
+    if (group_host or np.ndarray in array_types) and get("group_index") is not None:
         # The counts are on the host (revision 1, or a NumPy call): refuse what the installed
         # release is known to hang on, before anything is allocated.
         check_group_index(get("group_index"), math.prod(problem.x_shape[:-1]))
