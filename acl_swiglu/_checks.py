@@ -3,6 +3,8 @@ becomes 0, 2**32 + 3 becomes 3) and a float to an int, so every such value is ch
 
 from __future__ import annotations
 
+from typing import Type
+
 import numpy as np
 
 from .errors import ArgumentError
@@ -13,7 +15,8 @@ UINT64_MAX = 2**64 - 1
 ADDRESS_MAX = 2**64 - 1   # a pointer on the 64-bit hosts CANN supports
 
 
-def whole_number(value, name: str, low: int = 0, high: int = INT64_MAX, error=ArgumentError) -> int:
+def whole_number(value: object, name: str, low: int = 0, high: int = INT64_MAX,
+                 error: Type[Exception] = ArgumentError) -> int:
     """`value` as an int when it is a whole number (int or NumPy integer, not bool) within
     [low, high]; otherwise `error` naming `name` and the rule."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Dict, Tuple, Union
+
 import numpy as np
 import ml_dtypes
 
@@ -12,11 +14,11 @@ ACL_INT64 = 9
 ACL_BF16 = 27
 ACL_FORMAT_ND = 2
 
-bfloat16 = np.dtype(ml_dtypes.bfloat16)
+bfloat16: np.dtype = np.dtype(ml_dtypes.bfloat16)
 
 # Every NumPy dtype an aclTensor can describe (aclDataType, SPEC section 2): what a device
 # array may hold. Each operator then accepts its own few.
-_TO_ACL = {
+_TO_ACL: Dict[np.dtype, int] = {
     np.dtype(np.float32): ACL_FLOAT,
     np.dtype(np.float16): ACL_FLOAT16,
     bfloat16: ACL_BF16,
@@ -35,10 +37,13 @@ _TO_ACL = {
 }
 
 # Data types of gradY / x / yOrigin / gradX.
-IO_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), bfloat16)
+IO_DTYPES: Tuple[np.dtype, ...] = (np.dtype(np.float32), np.dtype(np.float16), bfloat16)
+
+#: What the dtype arguments accept: anything numpy.dtype() takes.
+DTypeLike = Union[np.dtype, type, str]
 
 
-def acl_dtype(dtype) -> int:
+def acl_dtype(dtype: DTypeLike) -> int:
     """The aclDataType of a NumPy dtype the package uses."""
     return _TO_ACL[np.dtype(dtype)]
 
@@ -52,19 +57,19 @@ def allowed_dtype_text() -> str:
     return ", ".join(dtype_name(d) for d in _TO_ACL)
 
 
-def dtype_name(dtype) -> str:
+def dtype_name(dtype: DTypeLike) -> str:
     dtype = np.dtype(dtype)
     if not dtype.isnative:
         return f"{dtype.name} in non-native byte order ({dtype.str!r})"
     return "bfloat16" if dtype == bfloat16 else dtype.name
 
 
-def parse_dtype(name_or_dtype) -> np.dtype:
+def parse_dtype(name_or_dtype: DTypeLike) -> np.dtype:
     """'fp32'/'float32', 'fp16'/'float16', 'bf16'/'bfloat16' or a dtype -> NumPy dtype."""
-    aliases = {"fp32": np.float32, "float32": np.float32, "fp16": np.float16, "float16": np.float16,
-               "bf16": bfloat16, "bfloat16": bfloat16}
+    f32, f16 = np.dtype(np.float32), np.dtype(np.float16)
+    aliases: Dict[str, np.dtype] = {"fp32": f32, "float32": f32, "fp16": f16, "float16": f16, "bf16": bfloat16, "bfloat16": bfloat16}
     if isinstance(name_or_dtype, str):
         if name_or_dtype.lower() not in aliases:
             raise ValueError(f"unknown dtype {name_or_dtype!r}: use fp32, fp16 or bf16")
-        return np.dtype(aliases[name_or_dtype.lower()])
+        return aliases[name_or_dtype.lower()]
     return np.dtype(name_or_dtype)

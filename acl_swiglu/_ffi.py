@@ -16,13 +16,13 @@ import re
 import threading
 from ctypes import POINTER, c_char_p, c_int, c_int32, c_int64, c_size_t, c_uint32, c_uint64, c_void_p
 from types import SimpleNamespace
-from typing import List, NamedTuple, Optional
+from typing import Any, Callable, Dict, List, NamedTuple, NoReturn, Optional, Sequence, Tuple, Type
 
 from . import _loader
 from .errors import AclError, error_class
 
 
-def _opaque(name: str):
+def _opaque(name: str) -> Type["ctypes._Pointer[Any]"]:
     return POINTER(type(name, (ctypes.Structure,), {}))
 
 
@@ -46,8 +46,8 @@ class Declaration(NamedTuple):
 
     library: str    # "runtime", "meta" or "operator"
     symbol: str
-    restype: object
-    argtypes: tuple
+    restype: Any            # a ctypes type, or None for void
+    argtypes: Tuple[Any, ...]
     check: str
     fast: bool = False
     optional: bool = False
@@ -103,17 +103,28 @@ _operator_declarations: List[Declaration] = []
 _STATUS_IN_TEXT = re.compile(r"\[status (-?\d+)\]")
 
 
-def declarations() -> tuple:
+def declarations() -> Tuple[Declaration, ...]:
     """Every C function declared: the runtime and meta API, then each operator's."""
     return DECLARATIONS + tuple(_operator_declarations)
 
 
-def _recent_message(get_message) -> str:
+GetMessage = Callable[[], Optional[bytes]]   # aclGetRecentErrMsg: reads and clears the thread's text
+
+
+def _recent_message(get_message: GetMessage) -> str:
     text = get_message()
     return text.decode("utf-8", "replace") if text else ""
 
 
-def raise_status(code: int, api: str, get_message, describe_arguments=None) -> None:
+def drop_message(get_message: GetMessage) -> None:
+    """Reads and drops this thread's pending error text. aclGetRecentErrMsg clears what it returns
+    and texts pile up until read: after a failure the package ignores on purpose (a cleanup call),
+    reading once keeps that text out of the next error."""
+    get_message()
+
+
+def raise_status(code: int, api: str, get_message: GetMessage,
+                 describe_arguments: Optional[Callable[[str], str]] = None) -> NoReturn:
     """Raises the exception for a failed call; call it on the failing thread, right away.
     `describe_arguments(message)` may say which Python arguments the message's names are."""
     message = _recent_message(get_message)
@@ -121,7 +132,7 @@ def raise_status(code: int, api: str, get_message, describe_arguments=None) -> N
     raise error_class(code)(code, api, message, arguments)
 
 
-def raise_null(api: str, get_message) -> None:
+def raise_null(api: str, get_message: GetMessage) -> NoReturn:
     """Raises for a constructor that returned NULL, with the code its message names, if any."""
     message = _recent_message(get_message)
     found = _STATUS_IN_TEXT.search(message)
@@ -129,22 +140,24 @@ def raise_null(api: str, get_message) -> None:
     raise error_class(code)(code, api, message or f"{api} returned NULL")
 
 
-def check(api, status: int, name: str) -> None:
+def check(api: SimpleNamespace, status: int, name: str) -> None:
     """Raises for a non-zero status of the call `name` just made on this thread."""
     if status != 0:
         raise_status(status, name, api.get_message)
 
 
-def _checked(function, declaration: Declaration, get_message):
+def _checked(function: Callable[..., Any], declaration: Declaration,
+             get_message: GetMessage) -> Callable[..., Any]:
     symbol = declaration.symbol
+    call: Callable[..., Any]
     if declaration.check == STATUS:
-        def call(*args):
+        def call(*args: Any) -> Any:
             status = function(*args)
             if status != 0:
                 raise_status(status, symbol, get_message)
             return status
     elif declaration.check == HANDLE:
-        def call(*args):
+        def call(*args: Any) -> Any:
             handle = function(*args)
             if not handle:
                 raise_null(symbol, get_message)
@@ -155,8 +168,9 @@ def _checked(function, declaration: Declaration, get_message):
     return call
 
 
-def _bind_one(namespace: SimpleNamespace, libraries: dict, declaration: Declaration) -> None:
+def _bind_one(namespace: SimpleNamespace, libraries: Dict[str, ctypes.CDLL], declaration: Declaration) -> None:
     library = libraries[declaration.library]
+    function: Optional[Callable[..., Any]]
     try:
         function = ctypes.CFUNCTYPE(declaration.restype, *declaration.argtypes)((declaration.symbol, library))
     except AttributeError:
@@ -189,7 +203,7 @@ _lock = threading.Lock()
 _api: Optional[SimpleNamespace] = None
 
 
-def declare(rows) -> None:
+def declare(rows: Sequence[Declaration]) -> None:
     """Adds an operator's C functions (bound now if the libraries are already loaded)."""
     with _lock:
         _operator_declarations.extend(rows)

@@ -22,7 +22,7 @@ import stat
 import threading
 import warnings
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from . import _releases
 from .errors import ConfigurationError, LibraryNotFoundError
@@ -63,7 +63,7 @@ class UntrustedLibraryError(LibraryNotFoundError):
 # ---- reading settings ----
 
 
-def _setting(variable: str, environ=os.environ) -> Optional[str]:
+def _setting(variable: str, environ: Mapping[str, str] = os.environ) -> Optional[str]:
     """A variable's value without leading and trailing ASCII blanks; None when unset or blank."""
     value = environ.get(variable)
     if value is None:
@@ -121,12 +121,10 @@ def _absolute(variable: str, value: str) -> str:
 
 # ---- the ABI revision ----
 
-# os.environ encodes the key on every lookup; its bytes mapping (POSIX CPython) does not.
-_ENVIRON_BYTES = getattr(os.environ, "_data", None)
-if not isinstance(_ENVIRON_BYTES, dict):
-    _ENVIRON_BYTES = None
-_ABI_KEY = ENV_ABI.encode()
-_override_warned = set()
+_override_warned: Set[int] = set()
+# The last ACL_SWIGLU_ABI text seen and its revision: calls read the variable every time (it may
+# change between calls), and parse it only when it changed.
+_abi_setting: Tuple[Optional[str], Optional[int]] = (None, None)
 
 
 def abi_revision() -> int:
@@ -136,15 +134,12 @@ def abi_revision() -> int:
     revision the install declares (its operator header; ACL_EMU_ABI for the bundled emulator), else
     2. Without ACL_SWIGLU_ABI this loads the libraries, since the answer depends on them.
     """
-    raw = _ENVIRON_BYTES.get(_ABI_KEY) if _ENVIRON_BYTES is not None else os.environ.get(ENV_ABI)
-    if raw is None:
-        value = None
-    elif raw == b"2" or raw == "2":
-        value = 2
-    elif raw == b"1" or raw == "1":
-        value = 1
-    else:
-        value = parse_revision(ENV_ABI, os.environ.get(ENV_ABI))
+    global _abi_setting
+    raw = os.environ.get(ENV_ABI)
+    seen, value = _abi_setting
+    if raw != seen:
+        value = parse_revision(ENV_ABI, raw)   # raises for a bad value, every call, caching nothing
+        _abi_setting = (raw, value)
     libs = _loaded
     if value is None:
         return _install_revision if libs is not None else libraries().info.abi_declared or DEFAULT_ABI
@@ -307,6 +302,7 @@ class BackendInfo:
 
     @property
     def abi(self) -> int:
+        """The ABI revision calls use now (abi_revision(): ACL_SWIGLU_ABI, else the install's, else 2)."""
         return abi_revision()
 
     @property
@@ -314,7 +310,7 @@ class BackendInfo:
         """Where the ABI revision in use comes from."""
         if parse_revision(ENV_ABI, os.environ.get(ENV_ABI)) is not None:
             return ENV_ABI
-        if self.abi_declared is not None:
+        if self.abi_declared is not None and self.abi_declared_by is not None:
             return self.abi_declared_by
         return "default"
 
@@ -369,7 +365,7 @@ def _root_lib_dirs(root: str) -> List[str]:
     return [os.path.join(root, "lib64"), os.path.join(root, f"{arch}-linux", "lib64")]
 
 
-def cann_roots(environ=os.environ) -> List[Tuple[str, List[str]]]:
+def cann_roots(environ: Mapping[str, str] = os.environ) -> List[Tuple[str, List[str]]]:
     """The CANN roots to try, in order, each with its library directories.
 
     A root is configured by ACL_SWIGLU_LIB_DIR (a lib directory or a root), ASCEND_HOME_PATH,
@@ -396,7 +392,7 @@ def cann_roots(environ=os.environ) -> List[Tuple[str, List[str]]]:
     return unique
 
 
-def custom_operator_locations(environ=os.environ) -> List[Tuple[str, str]]:
+def custom_operator_locations(environ: Mapping[str, str] = os.environ) -> List[Tuple[str, str]]:
     """(path entry, directory) pairs that may hold a custom-built libcust_opapi.so, in search order.
 
     Empty entries of ASCEND_CUSTOM_OPP_PATH (a trailing ':' that set_env.sh scripts leave) are
@@ -417,7 +413,7 @@ def custom_operator_locations(environ=os.environ) -> List[Tuple[str, str]]:
     return found
 
 
-def custom_operator_dirs(environ=os.environ) -> List[str]:
+def custom_operator_dirs(environ: Mapping[str, str] = os.environ) -> List[str]:
     """Directories that may hold a custom-built libcust_opapi.so, in search order."""
     return [d for _, d in custom_operator_locations(environ)]
 
@@ -484,6 +480,7 @@ class Libraries:
 
     @property
     def is_emulator(self) -> bool:
+        """True when these are the bundled CPU emulator's libraries."""
         return self.info.backend == "emulator"
 
 
@@ -498,7 +495,7 @@ def _emulator_version(runtime: ctypes.CDLL) -> Optional[str]:
     fn = getattr(runtime, EMULATOR_CANARY)
     fn.restype = ctypes.c_char_p
     fn.argtypes = []
-    return fn().decode()
+    return str(fn().decode())
 
 
 def _declared_abi(header: Optional[str], bundled_emulator: bool) -> Tuple[Optional[int], Optional[str]]:
@@ -511,6 +508,14 @@ def _declared_abi(header: Optional[str], bundled_emulator: bool) -> Tuple[Option
     return (revision, header) if revision is not None else (None, None)
 
 
+def _admit_and_open(gate: "_TrustGate", what: str, path: str, root: str) -> ctypes.CDLL:
+    gate.admit(path, root)
+    try:
+        return _open(path)
+    except OSError as exc:
+        raise LibraryNotFoundError(f"cannot load the CANN {what} library {path}: {exc}\n{_FIX}") from exc
+
+
 def _load_root(root: str, dirs: List[str], requested: str, searched: List[str],
                bundled_emulator: bool = False) -> Libraries:
     """Loads runtime, meta and operator libraries, all from one root (plus custom operators)."""
@@ -518,27 +523,20 @@ def _load_root(root: str, dirs: List[str], requested: str, searched: List[str],
     runtime_path = _first_existing(RUNTIME_NAMES, dirs, searched)
     meta_path = _first_existing((META_NAME,), dirs, searched)
     missing = [n for n, p in (("/".join(RUNTIME_NAMES), runtime_path), (META_NAME, meta_path)) if p is None]
-    if missing:
+    if missing or runtime_path is None or meta_path is None:
         raise LibraryNotFoundError(
             f"CANN libraries not found under {root}: no {' and no '.join(missing)} in any of:\n  "
             + "\n  ".join(dirs) + f"\n{_FIX}"
         )
-    for what, path in (("runtime", runtime_path), ("meta API", meta_path)):
-        gate.admit(path, root)
-        try:
-            library = _open(path)
-        except OSError as exc:
-            raise LibraryNotFoundError(f"cannot load the CANN {what} library {path}: {exc}\n{_FIX}") from exc
-        if what == "runtime":
-            runtime = library
-        else:
-            meta = library
+    runtime, meta = (_admit_and_open(gate, what, path, root)
+                     for what, path in (("runtime", runtime_path), ("meta API", meta_path)))
 
     candidates = [] if bundled_emulator else [
         (entry, os.path.join(d, CUSTOM_OPERATOR_NAME)) for entry, d in custom_operator_locations()]
     candidates += [(root, os.path.join(d, name)) for name in OPERATOR_NAMES for d in dirs]
     checked: List[str] = []
-    operator = operator_path = None
+    operator: Optional[ctypes.CDLL] = None
+    operator_path: Optional[str] = None
     for entry, path in candidates:
         searched.append(path)
         if not os.path.isfile(path):
@@ -554,7 +552,7 @@ def _load_root(root: str, dirs: List[str], requested: str, searched: List[str],
             operator, operator_path = lib, path
             break
         checked.append(f"{path} (does not export {OPERATOR_SYMBOL})")
-    if operator is None:
+    if operator is None or operator_path is None:
         raise LibraryNotFoundError(
             f"the CANN install at {root} does not provide {OPERATOR_SYMBOL}. "
             "aclnnSwigluGroupQuantGrad exists only for Ascend 950PR/950DT, in a CANN (or a custom "
@@ -624,7 +622,8 @@ def _path_of(library: ctypes.CDLL, symbol: str, fallback: str) -> str:
         info = _DlInfo()
         address = ctypes.cast(getattr(library, symbol), ctypes.c_void_p)
         if dladdr(address, ctypes.byref(info)) and info.dli_fname:
-            return os.path.realpath(info.dli_fname.decode())
+            file_name: bytes = info.dli_fname
+            return os.path.realpath(file_name.decode())
     except (AttributeError, OSError):
         pass
     return fallback

@@ -27,7 +27,7 @@ import platform
 import re
 import threading
 import warnings
-from typing import Iterable, Optional, Tuple
+from typing import Iterable, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 
@@ -98,10 +98,12 @@ def normalise(version: str) -> str:
 
 
 def is_affected(version: Optional[str]) -> bool:
+    """True for the releases of AFFECTED_RELEASES (in any spelling normalise() accepts)."""
     return version is not None and normalise(version) in AFFECTED_RELEASES
 
 
 def known_issues(version: str) -> str:
+    """What goes wrong on an affected release, and the fix."""
     text = (f"CANN {version} ships an aclnnSwigluGroupQuantGrad kernel from before the fixes of {FIXED_IN}: "
             f"a call with group_index giving 0 < trunc < min(T, {AIV_CORES_950}) hangs the device, with "
             "trunc = 0 the rows are never written, and fp16/bf16 inputs may be corrupted")
@@ -110,7 +112,7 @@ def known_issues(version: str) -> str:
     return text + f". Upgrade to CANN {FIXED_IN} or later."
 
 
-_warned = set()
+_warned: Set[str] = set()
 _warn_lock = threading.Lock()
 _installed_release: Optional[str] = None   # the loaded CANN's version (None: none read, or the emulator)
 
@@ -120,7 +122,7 @@ def record_install(version: Optional[str]) -> None:
     a warning once per process and release when it is one of AFFECTED_RELEASES."""
     global _installed_release
     _installed_release = version
-    if not is_affected(version):
+    if version is None or not is_affected(version):
         return
     with _warn_lock:
         if normalise(version) in _warned:
@@ -129,16 +131,21 @@ def record_install(version: Optional[str]) -> None:
     warnings.warn(f"acl_swiglu: {known_issues(version)}", RuntimeWarning, stacklevel=6)
 
 
-_UNSET = object()
+class _Unset:
+    """The default of `version` arguments: the loaded CANN's version."""
 
 
-def check_call(trunc: int, tokens: int, version=_UNSET) -> None:
+_UNSET = _Unset()
+GroupCounts = Union[np.ndarray, Sequence[int]]
+
+
+def check_call(trunc: int, tokens: int, version: Union[Optional[str], _Unset] = _UNSET) -> None:
     """Refuses a call the installed release is known to hang on: 0 < trunc < min(tokens, AI cores).
 
     ``trunc`` is min(sum of group_index as uint32, T) as the host sees it, ``tokens`` is T.
     ``version`` defaults to the loaded CANN's (None on the emulator: nothing to check).
     """
-    if version is _UNSET:
+    if isinstance(version, _Unset):
         version = _installed_release
     if not is_affected(version):
         return
@@ -152,17 +159,18 @@ def check_call(trunc: int, tokens: int, version=_UNSET) -> None:
         )
 
 
-def host_trunc(group_index, tokens: int) -> int:
+def host_trunc(group_index: GroupCounts, tokens: int) -> int:
     """trunc as the operator computes it from host counts: each cast to uint32, summed in uint32."""
     counts = np.asarray(group_index)
     total = int(np.sum(counts.astype(np.uint32), dtype=np.uint32)) if counts.size else 0
     return min(total, int(tokens))
 
 
-def check_group_index(group_index, tokens: int, version=_UNSET) -> None:
+def check_group_index(group_index: Optional[GroupCounts], tokens: int,
+                      version: Union[Optional[str], _Unset] = _UNSET) -> None:
     """check_call for a call whose group_index counts are on the host (revision 1, or the NumPy
     one-shot call); returns at once when there is none or the release is not affected."""
-    if version is _UNSET:
+    if isinstance(version, _Unset):
         version = _installed_release
     if group_index is not None and version is not None and is_affected(version):
         check_call(host_trunc(group_index, tokens), tokens, version)

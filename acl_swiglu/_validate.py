@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import NamedTuple, Optional, Tuple
+from typing import Any, Dict, NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -35,14 +35,15 @@ class Problem(NamedTuple):
     x_shape: Tuple[int, ...]
     weight_shape: Optional[Tuple[int, ...]]
     clamp_limit: Optional[float]
-    outputs: dict   # (shape, dtype) of each output the call computes
+    outputs: Dict[str, Tuple[Tuple[int, ...], np.dtype]]   # (shape, dtype) of each output the call computes
 
 
-def _describe(value) -> str:
+def _describe(value: object) -> str:
     return type(value).__name__
 
 
-def check_clamp_limit(clamp_limit) -> Optional[float]:
+def check_clamp_limit(clamp_limit: object) -> Optional[float]:
+    """clamp_limit as the float the operator gets, or None for off; raises naming the rule broken."""
     if clamp_limit is None:
         return None
     if type(clamp_limit) is float and 1.1754943508222875e-38 <= clamp_limit <= FLOAT32_MAX:
@@ -64,7 +65,7 @@ def check_clamp_limit(clamp_limit) -> Optional[float]:
     return value
 
 
-def host_counts(group_index) -> Tuple[int, ...]:
+def host_counts(group_index: object) -> Tuple[int, ...]:
     """group_index given as host values: one int64 count per group."""
     values = np.asarray(group_index)
     if values.ndim != 1:
@@ -76,15 +77,17 @@ def host_counts(group_index) -> Tuple[int, ...]:
     return tuple(int(v) for v in values.astype(np.int64))
 
 
-def _require(value, name: str, kinds, kind_text: str):
+def _require(value: object, name: str, kinds: Tuple[type, ...], kind_text: str) -> None:
     if not isinstance(value, kinds):
         raise TypeError(f"{name} must be {kind_text}, got {_describe(value)}")
 
 
-def validate(grad_y, x, weight, y_origin, group_index, clamp_limit, *, rules: Rules, array_types,
-             array_text: str, group_host: bool, grad_x=None, grad_weight=None, check_outputs: bool = False) -> Problem:
+def validate(grad_y: Any, x: Any, weight: Any, y_origin: Any, group_index: Any, clamp_limit: object, *,
+             rules: Rules, array_types: Tuple[type, ...], array_text: str, group_host: bool, grad_x: Any = None,
+             grad_weight: Any = None, check_outputs: bool = False) -> Problem:
     """Checks one call under a revision's `rules`. `array_types` are the accepted tensor
-    argument types; `group_host` says group_index is host values rather than an array."""
+    argument types (the arguments are checked to be one of them: hence Any here); `group_host`
+    says group_index is host values rather than an array."""
     _require(grad_y, "grad_y", array_types, array_text)
     _require(x, "x", array_types, array_text)
     for name, value in (("weight", weight), ("y_origin", y_origin)):

@@ -17,7 +17,7 @@ import statistics
 import sys
 import time
 import warnings
-from typing import List, Optional, Tuple
+from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple, Union
 
 import numpy as np
 
@@ -27,7 +27,7 @@ INT64_MAX = 2**63 - 1
 SHOWN = 10
 
 
-def _int_at_least(minimum: int):
+def _int_at_least(minimum: int) -> Callable[[str], int]:
     """An argparse type: a whole number no smaller than `minimum`."""
     def parse(text: str) -> int:
         try:
@@ -64,7 +64,7 @@ def _clamp(text: str) -> Optional[float]:
 NO_GROUPS = "none"
 
 
-def _groups(text: str):
+def _groups(text: str) -> Union[str, List[int]]:
     if text.lower() in ("none", "off"):
         return NO_GROUPS
     if text.strip() == "":
@@ -83,7 +83,7 @@ class _Parser(argparse.ArgumentParser):
 
     json_errors = False
 
-    def error(self, message):
+    def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         print(f"{self.prog}: error: {message}", file=sys.stderr)
         if self.json_errors:
@@ -107,7 +107,7 @@ def _seconds(text: str) -> float:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> _Parser:
     parser = _Parser(
         prog="acl-swiglu-sample",
         description="Run aclnnSwigluGroupQuantGrad like the CANN documentation's example "
@@ -141,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def make_inputs(args, rng=None):
+def make_inputs(args: argparse.Namespace, rng: Optional[np.random.Generator] = None) -> Dict[str, Any]:
     """The example's inputs (or random ones) as NumPy arrays, converted properly to the dtype."""
     from ._dtypes import parse_dtype
 
@@ -156,7 +156,7 @@ def make_inputs(args, rng=None):
         weight = rng.random(lead + (1,)) + 0.5
         y_origin = rng.standard_normal(lead + (hidden,))
     else:
-        def pattern(shape, fn):
+        def pattern(shape: Tuple[int, ...], fn: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
             i = np.arange(int(np.prod(shape)), dtype=np.float64)
             return fn(i).reshape(shape)
 
@@ -208,19 +208,19 @@ class _Progress:
             sys.stderr.flush()
 
 
-def _summary(samples: List[float]) -> dict:
+def _summary(samples: List[float]) -> Dict[str, float]:
     us = [s * 1e6 for s in samples]
     return {"n": len(us), "min_us": min(us), "median_us": statistics.median(us), "max_us": max(us)}
 
 
-def time_phases(inputs, repeat: int, progress: bool, after: float = 1.0) -> dict:
+def time_phases(inputs: Dict[str, Any], repeat: int, progress: bool, after: float = 1.0) -> Dict[str, Any]:
     """Times phase 1, phase 2 + synchronize, and a plan call + synchronize on device copies."""
     import acl_swiglu as acl
 
     names = ("grad_y", "x", "weight", "y_origin", "group_index")
     abi = acl.abi_revision()
-    device = {}
-    results = {}
+    device: Dict[str, Any] = {}
+    results: Dict[str, Any] = {}
     stream = acl.Stream()
     try:
         for name in names:
@@ -271,8 +271,9 @@ def time_phases(inputs, repeat: int, progress: bool, after: float = 1.0) -> dict
                 device[name].close()
         if "grad_x" in locals():
             grad_x.close()
-        if locals().get("grad_weight") is not None:
-            grad_weight.close()
+        made_weight = locals().get("grad_weight")
+        if made_weight is not None:
+            made_weight.close()
     return results
 
 
@@ -282,7 +283,7 @@ def _first(values: Optional[np.ndarray]) -> List[float]:
     return [float(v) for v in values.reshape(-1)[:SHOWN].astype(np.float64)]
 
 
-def _version_text(info) -> str:
+def _version_text(info: Any) -> str:
     """What runs the operator, by release: the emulator's version, or the CANN one and its source."""
     if info.backend == "emulator":
         return info.emulator_version or "emulator"
@@ -311,7 +312,7 @@ def _memory_limit() -> Tuple[int, str]:
     return limit, what
 
 
-def _check_host_memory(args) -> None:
+def _check_host_memory(args: argparse.Namespace) -> None:
     """Refuses, before allocating, a problem larger than the host can hold (a resource error)."""
     from .errors import HostMemoryError
 
@@ -327,7 +328,7 @@ def _check_host_memory(args) -> None:
             "choose smaller sizes")
 
 
-def run(args, report: dict) -> int:
+def run(args: argparse.Namespace, report: Dict[str, Any]) -> int:
     """The sample; fills `report` as it goes (main prints it, with an error if one occurs)."""
     import acl_swiglu as acl
     from acl_swiglu import _loader, reference
@@ -337,7 +338,7 @@ def run(args, report: dict) -> int:
     if args.backend and args.backend != "auto" and loaded is not None and loaded.info.backend != args.backend:
         raise ConfigurationError(f"this process already loaded the {loaded.info.backend} libraries; "
                                  f"--backend {args.backend} needs a new process")
-    out = [] if args.json else None
+    out: Optional[List[str]] = [] if args.json else None
 
     def say(line: str = "") -> None:
         if out is None:
@@ -386,7 +387,7 @@ def run(args, report: dict) -> int:
         report["check"] = {"grad_x": check_x.to_dict()}
         say(f"check gradX against acl_swiglu.reference: {check_x}")
         passed = check_x.passed
-        if grad_weight is not None:
+        if grad_weight is not None and golden_w is not None:   # (both, or neither: weight was given)
             check_w = reference.compare(grad_weight, golden_w)
             report["check"]["grad_weight"] = check_w.to_dict()
             say(f"check gradWeight against acl_swiglu.reference: {check_w}")
@@ -411,7 +412,7 @@ def run(args, report: dict) -> int:
     return status
 
 
-def _error_report(report: dict, status: int, error: dict) -> str:
+def _error_report(report: Dict[str, Any], status: int, error: Dict[str, Any]) -> str:
     """What --json prints on a failure: what was known before it, and the error."""
     partial = {key: report[key] for key in ("backend", "inputs") if key in report}
     return json.dumps({"ok": False, "exit_status": status, **partial, "error": error}, indent=2, default=float)
@@ -424,7 +425,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     from .errors import AclError, AclSwigluError, ArgumentError, ConfigurationError
 
-    report: dict = {"ok": False}
+    report: Dict[str, Any] = {"ok": False}
     saved = {name: os.environ.get(name) for name in ("ACL_SWIGLU_BACKEND", "ACL_SWIGLU_ABI")}
     try:
         if args.backend:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Dict, Iterator, Union
+from types import SimpleNamespace
+from typing import Dict, Iterator, List, Tuple, Union
 
 from . import _ffi
 from .errors import AclSwigluError
@@ -15,7 +16,10 @@ class NotEmulatorError(AclSwigluError, RuntimeError):
     """An emulator-only helper was called while a real CANN backend is loaded."""
 
 
-def _api():
+FaultPlan = Union[str, List[Tuple[str, int, int]]]
+
+
+def _api() -> SimpleNamespace:
     api = _ffi.api()
     if not api.libraries.is_emulator:
         raise NotEmulatorError(f"this needs the CPU emulator, but the loaded backend is CANN ({api.libraries.info.runtime})")
@@ -24,11 +28,12 @@ def _api():
 
 def is_active() -> bool:
     """True when the loaded backend is the emulator (loads the libraries if needed)."""
-    return _ffi.api().libraries.is_emulator
+    return bool(_ffi.api().libraries.is_emulator)
 
 
 def version() -> str:
-    return _api().aclEmuVersion().decode()
+    """The emulator's version text (what backend_info() reports)."""
+    return str(_api().aclEmuVersion().decode())
 
 
 def live_counts() -> Dict[str, int]:
@@ -54,7 +59,7 @@ def set_kernel_variant(variant: str) -> None:
     _api().aclEmuSetKernelVariant(KERNEL_VARIANTS.index(variant))
 
 
-def _plan_text(faults) -> str:
+def _plan_text(faults: FaultPlan) -> str:
     if isinstance(faults, str):
         return faults
     parts = []
@@ -65,7 +70,7 @@ def _plan_text(faults) -> str:
 
 
 @contextlib.contextmanager
-def inject_faults(faults: Union[str, list]) -> Iterator[None]:
+def inject_faults(faults: FaultPlan) -> Iterator[None]:
     """Within the block, the Nth call of each named API fails with the given code.
 
     ``faults`` is "name:N:code[,...]" or a list of (name, N, code). Calls are counted from the
@@ -78,10 +83,10 @@ def inject_faults(faults: Union[str, list]) -> Iterator[None]:
     finally:
         fired = api.aclEmuFaultsInjected()
         api.aclEmuSetFaults(None)
-        inject_faults.last_injected = int(fired)
+        setattr(inject_faults, "last_injected", int(fired))   # (a function attribute: set by name)
 
 
-inject_faults.last_injected = 0
+setattr(inject_faults, "last_injected", 0)
 
 
 def faults_injected() -> int:

@@ -3,6 +3,8 @@ package's own argument, library and lifetime errors."""
 
 from __future__ import annotations
 
+from typing import Dict, Tuple, Type
+
 __all__ = [
     "AclSwigluError",
     "ArgumentError",
@@ -68,7 +70,7 @@ class AclError(AclSwigluError, RuntimeError):
             text += f" ({arguments})"
         super().__init__(text)
 
-    def __reduce__(self):
+    def __reduce__(self) -> Tuple[type, Tuple[int, str, str, str]]:
         return (error_class(self.code), (self.code, self.api, self.message, self.arguments))
 
 
@@ -90,7 +92,7 @@ class AclInternalError(AclError):
 
 _FAMILIES = {1: AclParameterError, 2: AclResourceError, 3: AclRuntimeFailure, 5: AclInternalError}
 
-# Status codes from CANN's documentation (SPEC.md section 2).
+# Status codes from CANN's documentation (docs/c_abi.md): every code the emulator returns is here.
 STATUS_NAMES = {
     100000: "ACL_ERROR_INVALID_PARAM",
     100001: "ACL_ERROR_UNINITIALIZE",
@@ -99,6 +101,7 @@ STATUS_NAMES = {
     107000: "ACL_ERROR_RT_PARAM_INVALID",
     107001: "ACL_ERROR_RT_INVALID_DEVICEID",
     107002: "ACL_ERROR_RT_CONTEXT_NULL",
+    107003: "ACL_ERROR_RT_STREAM_CONTEXT",   # a stream used while another device is current
     161001: "ACLNN_ERR_PARAM_NULLPTR",
     161002: "ACLNN_ERR_PARAM_INVALID",
     200000: "ACL_ERROR_BAD_ALLOC",
@@ -132,11 +135,11 @@ def _class_name(status: str) -> str:
     return "".join(part.capitalize() for part in status.lower().split("_"))
 
 
-def _family(code: int) -> type:
+def _family(code: int) -> Type[AclError]:
     return _FAMILIES.get(int(code) // 100000, AclError)
 
 
-_BY_CODE = {}
+_BY_CODE: Dict[int, Type[AclError]] = {}
 for _code, _status in STATUS_NAMES.items():
     _cls = type(
         _class_name(_status),
@@ -149,6 +152,6 @@ for _code, _status in STATUS_NAMES.items():
 del _code, _status, _cls
 
 
-def error_class(code: int) -> type:
+def error_class(code: int) -> Type[AclError]:
     """The exception class for a status code: its own class when documented, else its family."""
     return _BY_CODE.get(int(code), _family(code))

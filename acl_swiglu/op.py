@@ -3,15 +3,17 @@
 
 from __future__ import annotations
 
+import math
 from ctypes import POINTER, c_double, c_uint64, c_void_p
-from typing import Optional, Tuple
+from typing import AbstractSet, Any, Callable, Mapping, Optional, Sequence, Tuple, Union, cast
 
 import numpy as np
 
 from . import _aclnn, _ffi, _loader, _plan
 from ._aclnn import Executor, OperatorDescription, Revision, Slot, release_cached
 from ._device import DeviceArray, Stream
-from ._validate import Rules, host_counts, validate
+from ._releases import check_group_index
+from ._validate import Problem, Rules, host_counts, validate
 
 __all__ = ["Executor", "SwigluGroupQuantGradPlan", "get_workspace_size", "release_cached",
            "swiglu_group_quant_grad", "swiglu_group_quant_grad_device", "SWIGLU_GROUP_QUANT_GRAD"]
@@ -22,21 +24,28 @@ OUTPUTS = (Slot("grad_x", "gradXOut"), Slot("grad_weight", "gradWeightOutOptiona
 SCALARS = (Slot("clamp_limit", "clampLimit"),)
 
 
-def _validate(arguments: dict, revision: Revision, array_types, array_text: str, host_inputs, check_outputs: bool):
+def _validate(arguments: Mapping[str, Any], revision: Revision, array_types: Tuple[type, ...], array_text: str,
+              host_inputs: AbstractSet[str], check_outputs: bool) -> Problem:
     get = arguments.get
-    return validate(get("grad_y"), get("x"), get("weight"), get("y_origin"), get("group_index"), get("clamp_limit"),
-                    rules=revision.rules, array_types=array_types, array_text=array_text,
-                    group_host="group_index" in host_inputs, grad_x=get("grad_x"), grad_weight=get("grad_weight"),
-                    check_outputs=check_outputs)
+    group_host = "group_index" in host_inputs
+    problem = validate(get("grad_y"), get("x"), get("weight"), get("y_origin"), get("group_index"),
+                       get("clamp_limit"), rules=cast(Rules, revision.rules), array_types=array_types,
+                       array_text=array_text, group_host=group_host, grad_x=get("grad_x"),
+                       grad_weight=get("grad_weight"), check_outputs=check_outputs)
+    if (group_host or np.ndarray in array_types) and get("group_index") is not None:
+        # The counts are on the host (revision 1, or a NumPy call): refuse what the installed
+        # release is known to hang on, before anything is allocated.
+        check_group_index(get("group_index"), math.prod(problem.x_shape[:-1]))
+    return problem
 
 
-def _host_values(name: str, value) -> Tuple[int, ...]:
+def _host_values(name: str, value: Union[np.ndarray, Sequence[int]]) -> Tuple[int, ...]:
     return host_counts(value)
 
 
-def _clamp(off: float):
+def _clamp(off: float) -> Callable[[Problem], Tuple[c_double]]:
     """clampLimit as the C double, `off` standing for "no clamp" in this revision."""
-    def scalars(problem) -> tuple:
+    def scalars(problem: Problem) -> Tuple[c_double]:
         return (c_double(off if problem.clamp_limit is None else problem.clamp_limit),)
     return scalars
 
@@ -48,6 +57,9 @@ REVISIONS = {
     1: Revision(1, frozenset({"group_index"}), _clamp(0.0), Rules("ABI revision 1", 2, 3, True)),
     2: Revision(2, frozenset(), _clamp(-1.0), Rules("ABI revision 2", 1, 8, False)),
 }
+
+#: group_index of the device-level calls: host ints (revision 1) or an int64 DeviceArray (revision 2).
+GroupIndex = Union[DeviceArray, np.ndarray, Sequence[int], None]
 
 _T = _ffi.aclTensor_p
 SWIGLU_GROUP_QUANT_GRAD = _aclnn.register(OperatorDescription(
@@ -85,8 +97,8 @@ def swiglu_group_quant_grad(grad_y: np.ndarray, x: np.ndarray, weight: Optional[
 
 
 def swiglu_group_quant_grad_device(grad_y: DeviceArray, x: DeviceArray, weight: Optional[DeviceArray] = None,
-                                   y_origin: Optional[DeviceArray] = None, group_index=None, clamp_limit=None, *,
-                                   grad_x: Optional[DeviceArray] = None, grad_weight: Optional[DeviceArray] = None,
+                                   y_origin: Optional[DeviceArray] = None, group_index: GroupIndex = None,
+                                   clamp_limit: Optional[float] = None, *, grad_x: Optional[DeviceArray] = None, grad_weight: Optional[DeviceArray] = None,
                                    stream: Optional[Stream] = None) -> Tuple[DeviceArray, Optional[DeviceArray]]:
     """Both phases on device arrays, queued on `stream` (default stream if None); returns
     (grad_x, grad_weight), allocated when not given. Does not wait: synchronise the stream, or
@@ -99,8 +111,8 @@ def swiglu_group_quant_grad_device(grad_y: DeviceArray, x: DeviceArray, weight: 
 
 
 def get_workspace_size(grad_y: DeviceArray, x: DeviceArray, weight: Optional[DeviceArray] = None,
-                       y_origin: Optional[DeviceArray] = None, group_index=None, clamp_limit=None, *,
-                       grad_x: DeviceArray, grad_weight: Optional[DeviceArray] = None) -> Executor:
+                       y_origin: Optional[DeviceArray] = None, group_index: GroupIndex = None,
+                       clamp_limit: Optional[float] = None, *, grad_x: DeviceArray, grad_weight: Optional[DeviceArray] = None) -> Executor:
     """Phase 1 (aclnnSwigluGroupQuantGradGetWorkspaceSize) on device arrays: validates, and
     returns the Executor (``.workspace_size`` bytes of workspace needed, ``.launch()`` is phase 2).
     Revision 1 takes group_index as host ints; revision 2 as an int64 DeviceArray."""
@@ -122,18 +134,20 @@ class SwigluGroupQuantGradPlan(_plan.Plan):
     _operator = _OP
 
     def __init__(self, grad_y: DeviceArray, x: DeviceArray, weight: Optional[DeviceArray] = None,
-                 y_origin: Optional[DeviceArray] = None, group_index=None, clamp_limit=None, *,
-                 grad_x: Optional[DeviceArray] = None, grad_weight: Optional[DeviceArray] = None,
-                 stream: Optional[Stream] = None):
+                 y_origin: Optional[DeviceArray] = None, group_index: GroupIndex = None,
+                 clamp_limit: Optional[float] = None, *, grad_x: Optional[DeviceArray] = None,
+                 grad_weight: Optional[DeviceArray] = None, stream: Optional[Stream] = None) -> None:
         super().__init__({"grad_y": grad_y, "x": x, "weight": weight, "y_origin": y_origin,
                           "group_index": group_index, "clamp_limit": clamp_limit, "grad_x": grad_x,
                           "grad_weight": grad_weight}, stream)
 
     @property
     def grad_x(self) -> DeviceArray:
-        return self._slots["grad_x"]
+        """The device array the plan writes grad_x into (the one given, or the one it allocated)."""
+        return cast(DeviceArray, self._slots["grad_x"])
 
     @property
     def grad_weight(self) -> Optional[DeviceArray]:
-        return self._slots["grad_weight"]
+        """The device array the plan writes grad_weight into, or None when the plan has no weight."""
+        return cast(Optional[DeviceArray], self._slots["grad_weight"])
 

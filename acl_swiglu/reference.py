@@ -14,6 +14,7 @@ import mmap
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import ml_dtypes
 import numpy as np
@@ -65,7 +66,7 @@ def _dtype_name(dt: np.dtype) -> str:
     return "bfloat16" if dt == _BF16 else dt.name
 
 
-def _check_data(name: str, arr, allow_f64: bool = False) -> np.ndarray:
+def _check_data(name: str, arr: object, allow_f64: bool = False) -> np.ndarray:
     if not isinstance(arr, np.ndarray):
         raise TypeError(f"{name} must be a numpy.ndarray, got {type(arr).__name__}")
     allowed = _DATA_DTYPES + ((_F64,) if allow_f64 else ())
@@ -75,7 +76,7 @@ def _check_data(name: str, arr, allow_f64: bool = False) -> np.ndarray:
     return arr
 
 
-def _check_clamp(clamp_limit) -> np.float32 | None:
+def _check_clamp(clamp_limit: object) -> np.float32 | None:
     """None when clamp is off, else the fp32 limit the operator uses. The binding's own rule
     decides (None = off; otherwise finite, > 0 and > 0 once rounded to fp32), so that the
     reference refuses exactly what a call refuses, with the same errors."""
@@ -87,7 +88,7 @@ def _check_clamp(clamp_limit) -> np.float32 | None:
         return np.float32(value)
 
 
-def _check_x(x, allow_f64: bool = False) -> tuple[int, int]:
+def _check_x(x: Any, allow_f64: bool = False) -> tuple[int, int]:
     """Validate x alone; return (T, H)."""
     _check_data("x", x, allow_f64)
     if not 1 <= x.ndim <= _MAX_RANK:
@@ -97,7 +98,7 @@ def _check_x(x, allow_f64: bool = False) -> tuple[int, int]:
     return math.prod(x.shape[:-1]), x.shape[-1] // 2
 
 
-def _trunc(group_index, rows: int) -> int:
+def _trunc(group_index: object, rows: int) -> int:
     if group_index is None:
         return rows
     gi = np.asarray(group_index)
@@ -134,7 +135,7 @@ def _sigmoid_pair(x0: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return s, sn
 
 
-def _clamped(x0: np.ndarray, x1: np.ndarray, c: np.float32 | None):
+def _clamped(x0: np.ndarray, x1: np.ndarray, c: np.float32 | None) -> Tuple[np.ndarray, np.ndarray]:
     if c is None:
         return x0, x1
     cf = float(c)
@@ -142,8 +143,10 @@ def _clamped(x0: np.ndarray, x1: np.ndarray, c: np.float32 | None):
     return np.minimum(x0, cf), np.minimum(np.maximum(x1, -cf), cf)
 
 
-def swiglu_group_quant_grad(grad_y, x, weight=None, y_origin=None, group_index=None, clamp_limit=None,
-                            *, out=None):
+def swiglu_group_quant_grad(grad_y: np.ndarray, x: np.ndarray, weight: Optional[np.ndarray] = None,
+                            y_origin: Optional[np.ndarray] = None, group_index: Union[np.ndarray, Sequence[int], None] = None,
+                            clamp_limit: Optional[float] = None, *,
+                            out: Optional[Tuple[np.ndarray, Optional[np.ndarray]]] = None) -> Tuple[np.ndarray, Optional[np.ndarray]]:
     """Float64 gradients of SwiGLU with optional MoE weight, clamp and group truncation.
 
     Returns ``(grad_x, grad_weight)``: grad_x float64 with x's shape, grad_weight float64 with
@@ -190,7 +193,7 @@ def swiglu_group_quant_grad(grad_y, x, weight=None, y_origin=None, group_index=N
     gx2 = grad_x.reshape(rows, 2 * h)
     gx2[trunc:] = 0.0
     gw1 = w1 = yo2 = None
-    if weight is not None:
+    if weight is not None and grad_w is not None and y_origin is not None:   # (one is given with the others)
         gw1 = grad_w.reshape(rows)
         gw1[trunc:] = 0.0
         w1 = weight.reshape(rows)
@@ -201,7 +204,7 @@ def swiglu_group_quant_grad(grad_y, x, weight=None, y_origin=None, group_index=N
     step = _chunk_rows(2 * h)
     starts = list(range(0, trunc, step))
 
-    def run(part: list) -> None:
+    def run(part: List[int]) -> None:
         scratch = _Scratch(step, h)
         for r0 in part:
             _rows(r0, min(trunc, r0 + step), gy2, x2, yo2, w1, c, gx2, gw1, scratch)
@@ -225,10 +228,10 @@ def swiglu_group_quant_grad(grad_y, x, weight=None, y_origin=None, group_index=N
 _MAPPED_OUTPUT_BYTES = 64 << 20
 
 
-def _check_out(out, x, weight, inputs) -> tuple:
+def _check_out(out: object, x: np.ndarray, weight: Optional[np.ndarray], inputs: Sequence[object]) -> Tuple[np.ndarray, Optional[np.ndarray]]:
     if not isinstance(out, (tuple, list)) or len(out) != 2:
         raise TypeError(f"out must be a (grad_x, grad_weight) pair, got {type(out).__name__}")
-    checked = []
+    checked: List[Optional[np.ndarray]] = []
     for name, arr, like in (("out[0] (grad_x)", out[0], x), ("out[1] (grad_weight)", out[1], weight)):
         if like is None:
             if arr is not None:
@@ -247,10 +250,12 @@ def _check_out(out, x, weight, inputs) -> tuple:
             if isinstance(other, np.ndarray) and np.may_share_memory(arr, other):
                 raise ValueError(f"{name} must not share memory with an input or the other output")
         checked.append(arr)
-    return checked[0], checked[1]
+    grad_x = checked[0]
+    assert grad_x is not None   # (x is never None)
+    return grad_x, checked[1]
 
 
-def _output(shape) -> np.ndarray:
+def _output(shape: Tuple[int, ...]) -> np.ndarray:
     """A float64 array for a result (contents undefined)."""
     nbytes = math.prod(shape) * 8
     if nbytes < _MAPPED_OUTPUT_BYTES:
@@ -263,17 +268,18 @@ def _output(shape) -> np.ndarray:
 class _Scratch:
     """float64 work arrays for one chunk of rows, reused from chunk to chunk."""
 
-    def __init__(self, rows: int, h: int):
+    def __init__(self, rows: int, h: int) -> None:
         shape = (rows, h)
         self.x0, self.x1, self.t, self.s, self.u = (np.empty(shape) for _ in range(5))
         self.gy = np.empty(shape)
         self.mask, self.mask2 = (np.empty(shape, dtype=bool) for _ in range(2))
 
-    def view(self, rows: int):
+    def view(self, rows: int) -> List[np.ndarray]:
         return [a[:rows] for a in (self.gy, self.x0, self.x1, self.t, self.s, self.u, self.mask, self.mask2)]
 
 
-def _rows(r0, r1, gy2, x2, yo2, w1, c, gx2, gw1, scratch: _Scratch) -> None:
+def _rows(r0: int, r1: int, gy2: np.ndarray, x2: np.ndarray, yo2: Optional[np.ndarray], w1: Optional[np.ndarray],
+          c: np.float32 | None, gx2: np.ndarray, gw1: Optional[np.ndarray], scratch: _Scratch) -> None:
     """Rows [r0, r1) of the documented math, in float64, into gx2 (and gw1)."""
     h = gy2.shape[1]
     gy, x0, x1, t, s, u, mask, mask2 = scratch.view(r1 - r0)
@@ -281,7 +287,7 @@ def _rows(r0, r1, gy2, x2, yo2, w1, c, gx2, gw1, scratch: _Scratch) -> None:
     np.copyto(x0, x2[r0:r1, :h], casting="unsafe")
     np.copyto(x1, x2[r0:r1, h:], casting="unsafe")
     with np.errstate(invalid="ignore", over="ignore", under="ignore", divide="ignore"):
-        if w1 is not None:
+        if w1 is not None and yo2 is not None and gw1 is not None:   # (all three or none)
             # Raw grad_y, before weighting and without clamp mask.
             np.copyto(t, yo2[r0:r1], casting="unsafe")
             np.einsum("ij,ij->i", gy, t, out=gw1[r0:r1])
@@ -319,7 +325,7 @@ def _rows(r0, r1, gy2, x2, yo2, w1, c, gx2, gw1, scratch: _Scratch) -> None:
         np.multiply(gy, u, out=gx2[r0:r1, h:])
 
 
-def swiglu(x, clamp_limit=None):
+def swiglu(x: np.ndarray, clamp_limit: Optional[float] = None) -> np.ndarray:
     """Float64 forward: silu(x0) * x1 with x0 = x[..., :H], x1 = x[..., H:], clamped when on.
 
     With clamp: x0 = min(x0, c), x1 = clip(x1, -c, c). Returns shape [..., H].
@@ -350,7 +356,7 @@ def _device_exp(x0: np.ndarray) -> np.ndarray:
     return e
 
 
-def _device_rows(gy: np.ndarray, x0o: np.ndarray, x1o: np.ndarray, c) -> np.ndarray:
+def _device_rows(gy: np.ndarray, x0o: np.ndarray, x1o: np.ndarray, c: np.float32 | None) -> np.ndarray:
     """grad_x of some rows by the device's fp32 operation sequence (section 1, steps 5 to 8), from
     fp32 inputs (gy already weighted). Exact in every step but exp, which is within an ulp; what
     matters here is where a step gives inf, NaN or 0."""
@@ -372,7 +378,9 @@ def _device_rows(gy: np.ndarray, x0o: np.ndarray, x1o: np.ndarray, c) -> np.ndar
     return np.concatenate([gx0, gx1], axis=1)
 
 
-def device_departures(x, clamp_limit=None, group_index=None, grad_y=None, weight=None):
+def device_departures(x: np.ndarray, clamp_limit: Optional[float] = None,
+                      group_index: Union[np.ndarray, Sequence[int], None] = None, grad_y: Optional[np.ndarray] = None,
+                      weight: Optional[np.ndarray] = None) -> np.ndarray:
     """Bool mask (x's shape) of grad_x positions where the device's fp32 formula departs from the
     math, so that `compare(..., departures=mask)` counts them instead of judging them.
 
@@ -474,13 +482,13 @@ class Comparison:
         )
         return head + "\n" + tail
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> Dict[str, Any]:
         d = asdict(self)
         d["worst_index"] = None if self.worst_index is None else [int(i) for i in self.worst_index]
         return d
 
 
-def _resolve_out_dtype(dtype, actual: np.ndarray) -> np.dtype:
+def _resolve_out_dtype(dtype: Any, actual: np.ndarray) -> np.dtype:
     dt = actual.dtype if dtype is None else np.dtype(dtype)
     if dt not in _DATA_DTYPES:
         raise TypeError(f"dtype must be float32, float16 or bfloat16, got {dt}")
@@ -496,7 +504,8 @@ def _classes(v: np.ndarray) -> np.ndarray:
     return cls
 
 
-def compare(actual, golden, dtype=None, departures=None) -> Comparison:
+def compare(actual: np.ndarray, golden: np.ndarray, dtype: Any = None,
+            departures: Optional[np.ndarray] = None) -> Comparison:
     """Judge ``actual`` against the float64 ``golden`` per docs/operator.md (judging a result).
 
     ``dtype`` is the output dtype (default ``actual.dtype``); the golden rounded to it decides

@@ -15,7 +15,8 @@ import ctypes
 import os
 import threading
 import weakref
-from typing import Callable, Dict, List, Optional
+from types import SimpleNamespace
+from typing import Any, Callable, Dict, Iterable, List, Optional, TypeVar
 
 from . import _ffi
 from ._checks import INT32_MAX, whole_number
@@ -32,18 +33,22 @@ close_epoch = [0]
 _state_lock = threading.RLock()
 
 
+# Frees a native handle; returns its C status (non-zero: the free failed) or None.
+Release = Callable[[], Optional[int]]
+
+
 class Life:
     """One native handle's state, shared with its finalizer (which cannot see the object)."""
 
     __slots__ = ("release", "pins", "streams", "closed", "key", "dependents", "__weakref__")
 
-    def __init__(self, release: Optional[Callable[[], None]]):
+    def __init__(self, release: Optional[Release]) -> None:
         self.release = release
         self.pins = 0
-        self.streams: Optional[list] = None   # lives of streams whose queued work may use it
+        self.streams: Optional[List[Life]] = None   # lives of streams whose queued work may use it
         self.closed = False
         self.key = 0
-        self.dependents: Optional[list] = None   # objects closed with it (a buffer's tensor handle)
+        self.dependents: Optional[List[Owned]] = None   # objects closed with it (a buffer's tensor handle)
 
     def wait(self) -> None:
         """Streams override this: wait for the work queued on them."""
@@ -59,7 +64,7 @@ def _quiet_wait(stream_life: Life) -> None:
 class _Runtime:
     """aclInit once per process, a device per thread, teardown at exit."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.lock = threading.RLock()
         self.initialized = False
         self.initialized_here = False   # False when someone else called aclInit first
@@ -68,7 +73,7 @@ class _Runtime:
         self.device_id: Optional[int] = None   # set_device's choice; None: ACL_SWIGLU_DEVICE_ID
         self.generation = 0                   # bumped by set_device: bound threads rebind
         self.local = threading.local()
-        self.owned: "Dict[int, weakref.finalize]" = {}
+        self.owned: "Dict[int, weakref.finalize[Any, Any]]" = {}
         self.owned_counter = 0
         self.graveyard: List[Life] = []   # collected on a thread without a device: freed later
 
@@ -83,7 +88,7 @@ class _Runtime:
             raise ConfigurationError(f"{ENV_DEVICE_ID}={text!r} is not a device id (a whole number)") from None
         return whole_number(value, ENV_DEVICE_ID, 0, INT32_MAX, ConfigurationError)
 
-    def api(self):
+    def api(self) -> SimpleNamespace:
         """The C API, with ACL initialised and this thread on a device."""
         if getattr(self.local, "generation", -1) != self.generation:
             self._bind_thread()
@@ -101,6 +106,7 @@ class _Runtime:
                 code = api.raw.aclInit(None)
                 if code == ACL_ERROR_REPEAT_INITIALIZE:
                     self.initialized_here = False   # someone else owns ACL: never finalise it
+                    _ffi.drop_message(api.get_message)
                 elif code != 0:
                     _ffi.raise_status(code, "aclInit", api.get_message)
                 else:
@@ -143,7 +149,7 @@ class _Runtime:
 
     # -- ownership --
 
-    def adopt(self, obj: object, life: Life) -> "weakref.finalize":
+    def adopt(self, obj: object, life: Life) -> "weakref.finalize[Any, Any]":
         """Registers `life` to be released once: at close(), GC, or exit (newest first)."""
         with self.lock:
             self.owned_counter += 1
@@ -191,8 +197,10 @@ class _Runtime:
             return
         for stream_life in streams or ():
             _quiet_wait(stream_life)
-        if release is not None:
-            release()
+        if release is not None and release():
+            # A failed free cannot be acted on (the owner is gone or closing); its text must not
+            # show up in the next error of this thread.
+            _ffi.drop_message(_ffi.api().get_message)
         for dependent in dependents or ():
             dependent.close()
 
@@ -236,10 +244,13 @@ class _Runtime:
             self.shut_down = True
         api = _ffi.api()
         local = self.local
+        failed = False
         if getattr(local, "device", None) is not None and not local.adopted:
-            api.raw.aclrtResetDevice(local.device)
+            failed = api.raw.aclrtResetDevice(local.device) != 0
         if self.initialized_here:
-            api.raw.aclFinalize()
+            failed = api.raw.aclFinalize() != 0 or failed
+        if failed:   # nothing can be done about it at exit
+            _ffi.drop_message(api.get_message)
 
     def after_fork_in_child(self) -> None:
         self.lock = threading.RLock()
@@ -250,14 +261,14 @@ class _Runtime:
             self.pid = os.getpid()   # the parent never touched ACL: this process may start afresh
 
 
-def _current_device(api) -> Optional[int]:
+def _current_device(api: SimpleNamespace) -> Optional[int]:
     """The thread's current device when the runtime can tell (aclrtGetDevice), else None."""
     get_device = api.raw.aclrtGetDevice
     if get_device is None:
         return None
     device = ctypes.c_int32(-1)
     if get_device(ctypes.byref(device)) != 0:
-        api.get_message()   # "no device yet" is an answer, not an error: drop its text
+        _ffi.drop_message(api.get_message)   # "no device yet" is an answer, not an error
         return None
     return device.value
 
@@ -289,7 +300,7 @@ def in_forked_child() -> bool:
     return _runtime.pid != os.getpid()
 
 
-def runtime_api():
+def runtime_api() -> SimpleNamespace:
     """The C API on this thread, initialising ACL and binding a device as needed."""
     return _runtime.api()
 
@@ -312,7 +323,7 @@ def synchronize_device() -> None:
     runtime_api().aclrtSynchronizeDevice()
 
 
-def pin(lives) -> None:
+def pin(lives: Iterable[Life]) -> None:
     """Marks handles as in use (by a plan, an executor or a call in flight): a close() then
     defers their free until unpin()."""
     with _state_lock:
@@ -320,13 +331,13 @@ def pin(lives) -> None:
             life.pins += 1
 
 
-def unpin(lives, stream_life: Optional[Life] = None) -> None:
+def unpin(lives: Iterable[Life], stream_life: Optional[Life] = None) -> None:
     """Ends a use (on `stream_life`, whose queued work may still use them); frees the handles
     that were closed meanwhile once that work is done."""
     repin((), lives, stream_life)
 
 
-def repin(held, released, stream_life: Optional[Life]) -> None:
+def repin(held: Iterable[Life], released: Iterable[Life], stream_life: Optional[Life]) -> None:
     """pin(held), then unpin(released, stream_life), under one lock."""
     retired = []
     with _state_lock:
@@ -359,7 +370,7 @@ def close_with(life: Life, dependent: "Owned") -> None:
     dependent.close()
 
 
-def used_on(lives, stream_life: Life) -> None:
+def used_on(lives: Iterable[Life], stream_life: Life) -> None:
     """Records that work queued on the stream uses these handles: their free waits for it."""
     with _state_lock:
         for life in lives:
@@ -374,33 +385,38 @@ def _add_stream(life: Life, stream_life: Life) -> None:
         streams.append(stream_life)
 
 
+_Self = TypeVar("_Self", bound="Owned")
+
+
 class Owned:
     """A native handle the package owns or borrows; dead after close()."""
 
     _kind = "handle"
 
-    def __init__(self):
-        self._handle = None
+    def __init__(self) -> None:
+        self._handle: Any = None
         self._life = Life(None)
-        self._finalizer = None
+        self._finalizer: "Optional[weakref.finalize[Any, Any]]" = None
 
-    def _own(self, handle, release: Callable[[], None]) -> None:
+    def _own(self, handle: Any, release: Release) -> None:
         self._handle = handle
         self._life = self._make_life(release)
         self._finalizer = _runtime.adopt(self, self._life)
 
-    def _make_life(self, release) -> Life:
+    def _make_life(self, release: Release) -> Life:
         return Life(release)
 
-    def _borrow(self, handle) -> None:
+    def _borrow(self, handle: Any) -> None:
         self._handle = handle
 
     @property
     def closed(self) -> bool:
+        """True once close() was called (or the handle was handed over to its new owner)."""
         return self._handle is None
 
     @property
-    def _as_parameter_(self):
+    def _as_parameter_(self) -> Any:
+        """The native handle, as ctypes passes the object to C (HandleClosedError once closed)."""
         handle = self._handle
         if handle is None:
             raise HandleClosedError(f"this {self._kind} was closed; it cannot be used any more")
@@ -434,14 +450,14 @@ class Owned:
         _runtime.forget(self._life)
         self._handle = None
 
-    def __enter__(self):
+    def __enter__(self: _Self) -> _Self:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     # The device data model moved to _device.py; its names stay importable from here.
     if name in ("DeviceArray", "DeviceBuffer", "Stream", "default_stream", "to_device"):
         from . import _device

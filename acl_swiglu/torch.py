@@ -13,10 +13,12 @@ Importing this module needs torch (the ``torch`` extra); ``import acl_swiglu`` n
 
 from __future__ import annotations
 
+import importlib
 import math
 import sys
 from dataclasses import dataclass
-from typing import Callable, Optional, Tuple
+from types import ModuleType
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, cast
 
 import numpy as np
 import torch
@@ -31,7 +33,7 @@ SCHEMA = ("swiglu_group_quant_grad(Tensor grad_y, Tensor x, *, Tensor? weight=No
           "Tensor? group_index=None, float clamp_limit=-1.0) -> (Tensor, Tensor)")
 OP_NAME = "acl_swiglu::swiglu_group_quant_grad"
 
-_NUMPY_DTYPES = {torch.float32: np.dtype(np.float32), torch.float16: np.dtype(np.float16),
+_NUMPY_DTYPES: Dict[torch.dtype, np.dtype] = {torch.float32: np.dtype(np.float32), torch.float16: np.dtype(np.float16),
                  torch.bfloat16: bfloat16, torch.int64: np.dtype(np.int64)}
 IO_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_RANK = 8
@@ -53,7 +55,7 @@ def _clamp_argument(clamp_limit: float) -> Optional[float]:
     return float(clamp_limit)
 
 
-def _check_x(x) -> None:
+def _check_x(x: torch.Tensor) -> None:
     """x: a fused [..., 2H] tensor of an operator dtype."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
@@ -65,7 +67,7 @@ def _check_x(x) -> None:
         raise ArgumentError(f"x has shape {tuple(x.shape)}; its last dim must be even (gate and value halves)")
 
 
-def _check_weight(weight, x) -> None:
+def _check_weight(weight: torch.Tensor, x: torch.Tensor) -> None:
     """weight: fp32, one element per row of x (any shape with that many elements)."""
     if weight.dtype != torch.float32:
         raise ArgumentError(f"weight has dtype {weight.dtype}; it must be torch.float32")
@@ -74,13 +76,15 @@ def _check_weight(weight, x) -> None:
         raise ArgumentError(f"weight has {weight.numel()} elements; it must have one per row of x ({rows})")
 
 
-def _check_group_index(group_index) -> None:
+def _check_group_index(group_index: Optional[torch.Tensor]) -> None:
     if group_index is not None and (group_index.dtype != torch.int64 or group_index.dim() != 1):
         raise ArgumentError(f"group_index is {group_index.dtype} with {group_index.dim()} dims; it must be a "
                             "1-D torch.int64 tensor of per-group token counts")
 
 
-def _check_arguments(grad_y, x, weight, y_origin, group_index, clamp_limit) -> None:
+def _check_arguments(grad_y: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
+                     y_origin: Optional[torch.Tensor], group_index: Optional[torch.Tensor],
+                     clamp_limit: float) -> None:
     """The operator's shape and dtype rules, on metadata only (never reads data)."""
     _check_x(x)
     if not isinstance(grad_y, torch.Tensor):
@@ -107,7 +111,7 @@ def _check_arguments(grad_y, x, weight, y_origin, group_index, clamp_limit) -> N
     _clamp_argument(clamp_limit)
 
 
-def _check_clamp(clamp_limit) -> Optional[float]:
+def _check_clamp(clamp_limit: Optional[float]) -> Optional[float]:
     """The Python-level clamp_limit: None (off) or > 0."""
     if clamp_limit is None:
         return None
@@ -120,7 +124,9 @@ def _empty_grad_weight(x: torch.Tensor) -> torch.Tensor:
     return torch.empty((0,), dtype=torch.float32, device=x.device)
 
 
-def _fake(grad_y, x, *, weight=None, y_origin=None, group_index=None, clamp_limit=CLAMP_OFF):
+def _fake(grad_y: torch.Tensor, x: torch.Tensor, *, weight: Optional[torch.Tensor] = None,
+          y_origin: Optional[torch.Tensor] = None, group_index: Optional[torch.Tensor] = None,
+          clamp_limit: float = CLAMP_OFF) -> Tuple[torch.Tensor, torch.Tensor]:
     _check_arguments(grad_y, x, weight, y_origin, group_index, clamp_limit)
     grad_x = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if weight is None:
@@ -131,15 +137,17 @@ def _fake(grad_y, x, *, weight=None, y_origin=None, group_index=None, clamp_limi
 # ---- CPU tensors: zero-copy NumPy views through the one-shot call ----
 
 
-def _as_numpy(tensor: Optional[torch.Tensor]) -> Optional[np.ndarray]:
+def _as_numpy(tensor: torch.Tensor) -> np.ndarray:
     """A NumPy view of the tensor's memory (no copy; strides and offset kept)."""
-    if tensor is None:
-        return None
     if tensor.requires_grad:
         tensor = tensor.detach()
     if tensor.dtype == torch.bfloat16:   # NumPy has no bfloat16: reinterpret the bits
-        return tensor.view(torch.uint16).numpy().view(bfloat16)
+        return cast(np.ndarray, tensor.view(torch.uint16).numpy().view(bfloat16))
     return tensor.numpy()
+
+
+def _optional_numpy(tensor: Optional[torch.Tensor]) -> Optional[np.ndarray]:
+    return None if tensor is None else _as_numpy(tensor)
 
 
 def _from_numpy(array: np.ndarray) -> torch.Tensor:
@@ -156,12 +164,14 @@ def _framework_first() -> None:
         torch_npu.npu.init()   # does nothing once torch_npu is initialised
 
 
-def _cpu(grad_y, x, *, weight=None, y_origin=None, group_index=None, clamp_limit=CLAMP_OFF):
+def _cpu(grad_y: torch.Tensor, x: torch.Tensor, *, weight: Optional[torch.Tensor] = None,
+         y_origin: Optional[torch.Tensor] = None, group_index: Optional[torch.Tensor] = None,
+         clamp_limit: float = CLAMP_OFF) -> Tuple[torch.Tensor, torch.Tensor]:
     _check_arguments(grad_y, x, weight, y_origin, group_index, clamp_limit)
     _framework_first()
     grad_x, grad_weight = acl_swiglu.swiglu_group_quant_grad(
-        _as_numpy(grad_y), _as_numpy(x), _as_numpy(weight), _as_numpy(y_origin), _as_numpy(group_index),
-        clamp_limit=_clamp_argument(clamp_limit))
+        _as_numpy(grad_y), _as_numpy(x), _optional_numpy(weight), _optional_numpy(y_origin),
+        _optional_numpy(group_index), clamp_limit=_clamp_argument(clamp_limit))
     return _from_numpy(grad_x), (_from_numpy(grad_weight) if grad_weight is not None else _empty_grad_weight(x))
 
 
@@ -193,10 +203,10 @@ def tensor_layout(tensor: torch.Tensor) -> TensorLayout:
         raise ArgumentError(f"a tensor of dtype {tensor.dtype} cannot be passed to the operator")
     storage = tensor.untyped_storage()
     return TensorLayout(storage.data_ptr(), tuple(tensor.shape), dtype, tuple(tensor.stride()),
-                        tensor.storage_offset(), storage.nbytes())
+                        int(tensor.storage_offset()), storage.nbytes())
 
 
-def run_device_arrays(arrays: dict, clamp_limit: Optional[float], stream: Stream,
+def run_device_arrays(arrays: Dict[str, Any], clamp_limit: Optional[float], stream: Stream,
                       workspace: Callable[[int], Optional[DeviceBuffer]]) -> None:
     """Both phases on DeviceArrays (grad_y, x, weight, y_origin, group_index, grad_x, grad_weight;
     absent ones None; revision 1 takes group_index as host counts), queued on `stream`, with the
@@ -213,35 +223,26 @@ def run_device_arrays(arrays: dict, clamp_limit: Optional[float], stream: Stream
             array.close()
 
 
-def _torch_npu():
+def _torch_npu() -> ModuleType:
+    # Imported by name: torch_npu exists only on Ascend hosts, and ships no type information.
     try:
-        import torch_npu
+        return importlib.import_module("torch_npu")
     except ImportError:
         raise RuntimeError("these tensors are on an NPU device, but torch_npu cannot be imported") from None
-    return torch_npu
 
 
-def _allocate(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def _allocate(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Device memory for outputs and workspace: torch's allocator for `device` (torch_npu's
     caching allocator), never an aclrtMalloc per call."""
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-_device_in_use = []
-
-
-def _use_device(index: int) -> None:
-    """Points the package at torch_npu's current device, once per change (aclrtSetDevice of the
-    device the thread already has current: nothing is switched behind torch_npu)."""
-    if _device_in_use != [index]:
-        acl_swiglu.set_device(index)
-        _device_in_use[:] = [index]
-
-
-def _npu(grad_y, x, *, weight=None, y_origin=None, group_index=None, clamp_limit=CLAMP_OFF):
+def _npu(grad_y: torch.Tensor, x: torch.Tensor, *, weight: Optional[torch.Tensor] = None,
+         y_origin: Optional[torch.Tensor] = None, group_index: Optional[torch.Tensor] = None,
+         clamp_limit: float = CLAMP_OFF) -> Tuple[torch.Tensor, torch.Tensor]:
     _check_arguments(grad_y, x, weight, y_origin, group_index, clamp_limit)
     torch_npu = _torch_npu()
-    named = {"grad_y": grad_y, "x": x, "weight": weight, "y_origin": y_origin, "group_index": group_index}
+    named: Dict[str, Any] = {"grad_y": grad_y, "x": x, "weight": weight, "y_origin": y_origin, "group_index": group_index}
     device = x.device
     for name, tensor in named.items():
         if tensor is None:
@@ -255,10 +256,9 @@ def _npu(grad_y, x, *, weight=None, y_origin=None, group_index=None, clamp_limit
                                 "(convert with torch_npu.npu_format_cast(tensor, 2))")
     clamp = _clamp_argument(clamp_limit)
     # torch_npu makes the device current (its aclInit comes first, so its configuration
-    # stands); this thread then uses that device, as torch_npu knows it.
+    # stands); the package adopts a thread's current device and never switches it.
     with torch_npu.npu.device(device):
         _framework_first()
-        _use_device(torch_npu.npu.current_device())
         grad_x = _allocate(x.shape, x.dtype, device)
         grad_weight = (_allocate(weight.shape, torch.float32, device) if weight is not None
                        else _empty_grad_weight(x))
@@ -271,7 +271,7 @@ def _npu(grad_y, x, *, weight=None, y_origin=None, group_index=None, clamp_limit
         # Read at every call: reading npu_stream flushes torch_npu's queue, so queued producers
         # of the inputs are submitted before our launch.
         stream = Stream.from_handle(torch_npu.npu.current_stream(device).npu_stream)
-        keep = []
+        keep: list[torch.Tensor] = []
 
         def workspace(nbytes: int) -> DeviceBuffer:
             # Freed back to the caching allocator when this call returns: safe, since the
@@ -329,7 +329,9 @@ def _unweighted(x: torch.Tensor, clamp_limit: Optional[float], group_index: Opti
 
 class _SwiGLUFunction(torch.autograd.Function):
     @staticmethod
-    def forward(x, weight, clamp_limit, group_index, recompute_y_origin):
+    def forward(x: torch.Tensor, weight: Optional[torch.Tensor], clamp_limit: Optional[float],
+                group_index: Optional[torch.Tensor],
+                recompute_y_origin: bool) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         y = _unweighted(x, clamp_limit, group_index)
         if weight is None:
             return y.to(x.dtype), None
@@ -337,7 +339,7 @@ class _SwiGLUFunction(torch.autograd.Function):
         return (y * _row_weight(weight, x)).to(x.dtype), y_origin
 
     @staticmethod
-    def setup_context(ctx, inputs, output):
+    def setup_context(ctx: Any, inputs: Tuple[Any, ...], output: Tuple[torch.Tensor, Optional[torch.Tensor]]) -> None:
         x, weight, clamp_limit, group_index, recompute_y_origin = inputs
         ctx.clamp_limit = clamp_limit
         ctx.recompute_y_origin = recompute_y_origin
@@ -346,7 +348,8 @@ class _SwiGLUFunction(torch.autograd.Function):
             ctx.mark_non_differentiable(output[1])
 
     @staticmethod
-    def backward(ctx, grad_out, _grad_y_origin):
+    def backward(ctx: Any, grad_out: torch.Tensor, _grad_y_origin: Optional[torch.Tensor]
+                 ) -> Tuple[torch.Tensor, Optional[torch.Tensor], None, None, None]:
         x, weight, group_index, y_origin = ctx.saved_tensors
         if weight is not None:
             if y_origin is None:
@@ -360,6 +363,10 @@ class _SwiGLUFunction(torch.autograd.Function):
         if grad_weight is not None:
             grad_weight = grad_weight.reshape(weight.shape)
         return grad_x, grad_weight, None, None, None
+
+
+# torch declares Function.apply without annotations: this is what it returns here.
+_apply_swiglu = cast(Callable[..., Tuple[torch.Tensor, Optional[torch.Tensor]]], _SwiGLUFunction.apply)
 
 
 def swiglu(x: torch.Tensor, weight: Optional[torch.Tensor] = None, *, clamp_limit: Optional[float] = None,
@@ -379,14 +386,13 @@ def swiglu(x: torch.Tensor, weight: Optional[torch.Tensor] = None, *, clamp_limi
     if weight is not None:
         _check_weight(weight, x)
     _check_group_index(group_index)
-    out, _ = _SwiGLUFunction.apply(x, weight, clamp_limit, group_index, bool(recompute_y_origin))
-    return out
+    return _apply_swiglu(x, weight, clamp_limit, group_index, bool(recompute_y_origin))[0]
 
 
 class SwiGLU(torch.nn.Module):
     """``swiglu`` as a module: ``SwiGLU(clamp_limit=None)(x, weight=None, group_index=None)``."""
 
-    def __init__(self, clamp_limit: Optional[float] = None, recompute_y_origin: bool = True):
+    def __init__(self, clamp_limit: Optional[float] = None, recompute_y_origin: bool = True) -> None:
         super().__init__()
         self.clamp_limit = _check_clamp(clamp_limit)
         self.recompute_y_origin = recompute_y_origin

@@ -806,3 +806,48 @@ def test_inject_faults_rejects_a_bad_plan():
     with pytest.raises(errors.AclErrorInvalidParam):
         with emulator.inject_faults("aclrtMalloc:notanumber"):
             pass
+
+
+# ----------------------------------------------------------------------------- the status table and the error text
+
+
+def _defined_statuses():
+    """Every status macro the emulator's headers define: {code: name}."""
+    root = os.path.join(os.path.dirname(__file__), "..", "native", "include")
+    found = {}
+    for header in ("acl/acl_base.h", "aclnn/acl_meta.h"):
+        with open(os.path.join(root, header)) as handle:
+            for name, code in re.findall(r"#define\s+(ACL_ERROR_\w+|ACLNN_ERR_\w+)\s+(\d+)", handle.read()):
+                found[int(code)] = name
+    return found
+
+
+def test_every_status_the_emulator_can_return_has_its_name_and_class():
+    defined = _defined_statuses()
+    assert defined[107003] == "ACL_ERROR_RT_STREAM_CONTEXT"
+    for code, name in defined.items():
+        assert errors.STATUS_NAMES.get(code) == name, (code, name)
+        assert errors.error_class(code).name == name
+    assert errors.AclErrorRtStreamContext.code == 107003
+    assert issubclass(errors.AclErrorRtStreamContext, errors.AclParameterError)
+
+
+@pytest.mark.emulator_only
+def test_an_ignored_cleanup_failure_leaves_no_text_for_the_next_error():
+    from acl_swiglu.tensor import AclTensor
+
+    api = _ffi.api()
+    _ffi.drop_message(api.get_message)   # start from a clean slate
+    with acl_swiglu.to_device(np.ones((2, 4), np.float32)) as array:
+        tensor = AclTensor(array)
+        handle = tensor._handle
+        with emulator.inject_faults("aclDestroyTensor:1:507000,aclrtMalloc:1:207001"):
+            tensor.close()   # the free fails: nothing can act on it, and its text is dropped
+            with pytest.raises(errors.AclErrorRtMemoryAllocation) as info:
+                acl_swiglu.DeviceBuffer(64)   # an unrelated failure
+            assert emulator.faults_injected() == 2
+        assert api.raw.aclDestroyTensor(handle) == 0   # (the failed free left it alive)
+    message = info.value.message
+    assert "aclrtMalloc" in message and "injected fault" in message
+    assert "aclDestroyTensor" not in message, message
+    assert api.get_message() is None   # read exactly once

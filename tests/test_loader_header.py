@@ -95,3 +95,17 @@ def test_revision_setting_refuses_anything_else_naming_variable_and_value(text):
     with pytest.raises(ConfigurationError) as info:
         _loader.parse_revision("ACL_EMU_ABI", text)
     assert "ACL_EMU_ABI" in str(info.value) and repr(text) in str(info.value)
+
+
+def test_abi_revision_follows_the_variable_between_calls(monkeypatch):
+    import acl_swiglu
+
+    for value, expected in (("1", 1), ("2", 2), (" 1\n", 1), ("2", 2)):
+        monkeypatch.setenv("ACL_SWIGLU_ABI", value)
+        assert acl_swiglu.abi_revision() == expected
+    monkeypatch.setenv("ACL_SWIGLU_ABI", "3")
+    for _ in range(2):   # a bad value is refused at every call, never remembered as valid
+        with pytest.raises(ConfigurationError, match="ACL_SWIGLU_ABI='3'"):
+            acl_swiglu.abi_revision()
+    monkeypatch.delenv("ACL_SWIGLU_ABI")
+    assert acl_swiglu.abi_revision() == (acl_swiglu.backend_info().abi_declared or 2)

@@ -3,6 +3,7 @@ newer cann-<v> installs) and what is known about the releases of docs/cann_relea
 
 from __future__ import annotations
 
+import json
 import platform
 import subprocess
 import sys
@@ -177,3 +178,132 @@ def test_the_emulator_reports_its_own_version():
     info = acl_swiglu.backend_info()
     assert info.backend == "emulator" and info.cann_version is None
     assert info.version == info.emulator_version and info.emulator_version.startswith("acl-swiglu-emulator")
+
+
+# ---- the check in the call path: host counts are checked right after validation ----
+
+TOKENS, HIDDEN = 8, 4   # T = 8 < 56 AI cores: the hang needs 0 < trunc < 8
+
+
+def _problem(rows: int = TOKENS):
+    rng = np.random.default_rng(11)
+    gy = rng.uniform(-1, 1, (rows, HIDDEN)).astype(np.float32)
+    x = rng.uniform(-2, 2, (rows, 2 * HIDDEN)).astype(np.float32)
+    return gy, x
+
+
+@pytest.fixture
+def cann_9_1(monkeypatch):
+    """The loaded CANN is 9.1.0 (as the loader records it from the install's version file)."""
+    import acl_swiglu
+
+    acl_swiglu.backend_info()   # loaded first: the loader's own record must not undo ours
+    monkeypatch.setattr(_releases, "_installed_release", "9.1.0")
+
+
+@pytest.mark.parametrize("abi", [1, 2], indirect=True)
+@pytest.mark.parametrize("counts", [[3], [2, 5], [1, 2**32]])
+def test_the_one_shot_call_refuses_the_hang_before_allocating(cann_9_1, abi, counts):
+    import acl_swiglu
+    from acl_swiglu import emulator
+
+    gy, x = _problem()
+    before = emulator.live_counts()
+    with pytest.raises(ReleaseLimitationError) as info:
+        acl_swiglu.swiglu_group_quant_grad(gy, x, group_index=np.array(counts, np.int64))
+    assert "CANN 9.1.0" in str(info.value) and "9.2.0-beta.2" in str(info.value)
+    assert f"of T = {TOKENS} rows" in str(info.value)
+    assert emulator.live_counts() == before
+
+
+@pytest.mark.parametrize("abi", [1, 2], indirect=True)
+@pytest.mark.parametrize("counts", [[0], [], [8], [5, 5], [2**32]], ids=["0", "none", "T", "beyond-T", "wraps-to-0"])
+def test_the_one_shot_call_runs_when_trunc_is_0_or_at_least_min_t_cores(cann_9_1, abi, counts):
+    import acl_swiglu
+
+    gy, x = _problem()
+    group_index = np.array(counts, np.int64)
+    grad_x, _ = acl_swiglu.swiglu_group_quant_grad(gy, x, group_index=group_index)
+    _releases._installed_release = None   # the same call where no release limits it
+    expected, _ = acl_swiglu.swiglu_group_quant_grad(gy, x, group_index=group_index)
+    assert np.array_equal(grad_x.view(np.uint32), expected.view(np.uint32))
+
+
+def test_min_t_cores_is_the_limit_for_large_t(cann_9_1, monkeypatch):
+    import acl_swiglu
+
+    monkeypatch.setenv("ACL_SWIGLU_ABI", "2")
+    gy, x = _problem(rows=64)
+    with pytest.raises(ReleaseLimitationError, match=f"= {AIV_CORES_950} hangs the device"):
+        acl_swiglu.swiglu_group_quant_grad(gy, x, group_index=np.array([AIV_CORES_950 - 1], np.int64))
+    grad_x, _ = acl_swiglu.swiglu_group_quant_grad(gy, x, group_index=np.array([AIV_CORES_950], np.int64))
+    assert not grad_x[AIV_CORES_950:].any() and grad_x[:AIV_CORES_950].any()
+
+
+@pytest.mark.parametrize("abi", [1], indirect=True)
+def test_revision_1_host_counts_are_checked_at_phase_1_and_plan_construction(cann_9_1, abi):
+    import acl_swiglu
+    from acl_swiglu import emulator
+
+    gy, x = _problem()
+    with acl_swiglu.to_device(gy) as d_gy, acl_swiglu.to_device(x) as d_x, \
+            acl_swiglu.DeviceArray.empty(x.shape, x.dtype) as d_gx:
+        before = emulator.live_counts()
+        for call in (lambda gi: acl_swiglu.get_workspace_size(d_gy, d_x, group_index=gi, grad_x=d_gx),
+                     lambda gi: acl_swiglu.SwigluGroupQuantGradPlan(d_gy, d_x, group_index=gi, grad_x=d_gx),
+                     lambda gi: acl_swiglu.swiglu_group_quant_grad_device(d_gy, d_x, group_index=gi, grad_x=d_gx)):
+            with pytest.raises(ReleaseLimitationError, match="CANN 9.1.0"):
+                call([3])
+            assert emulator.live_counts() == before
+        with acl_swiglu.get_workspace_size(d_gy, d_x, group_index=[0], grad_x=d_gx) as executor:
+            executor.launch()
+        with acl_swiglu.SwigluGroupQuantGradPlan(d_gy, d_x, group_index=[TOKENS], grad_x=d_gx) as plan:
+            plan(synchronize=True)
+        acl_swiglu.synchronize_device()
+
+
+@pytest.mark.parametrize("abi", [2], indirect=True)
+def test_revision_2_device_counts_cannot_be_seen_so_they_are_not_checked(cann_9_1, abi):
+    import acl_swiglu
+
+    gy, x = _problem()
+    with acl_swiglu.to_device(gy) as d_gy, acl_swiglu.to_device(x) as d_x, \
+            acl_swiglu.to_device(np.array([3], np.int64)) as d_gi:
+        grad_x, _ = acl_swiglu.swiglu_group_quant_grad_device(d_gy, d_x, group_index=d_gi)
+        with grad_x:
+            assert grad_x.to_numpy()[:3].any() and not grad_x.to_numpy()[3:].any()
+
+
+RELEASE_CALL = """
+import json, sys
+import numpy as np
+import acl_swiglu
+from acl_swiglu._releases import ReleaseLimitationError
+out = {}
+for counts in ([3], [0]):
+    try:
+        acl_swiglu.swiglu_group_quant_grad(np.ones((8, 4), np.float32), np.ones((8, 8), np.float32),
+                                           group_index=np.array(counts, np.int64))
+        out[str(counts)] = "ran"
+    except ReleaseLimitationError as exc:
+        out[str(counts)] = "refused: " + str(exc)
+    except acl_swiglu.AclError as exc:   # past the check: the fake runtime cannot allocate
+        out[str(counts)] = f"AclError {exc.code}"
+print("RELEASE-RESULT:" + json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("version,refused", [("9.1.0", True), ("9.2.0", False)])
+def test_a_fake_install_of_an_affected_release_refuses_the_hang(tmp_path, fake_libs, version, refused):
+    root = make_root(tmp_path / f"cann-{version}", fake_libs, dict(
+        STANDARD, **{"share/info/ops_nn/version.info": f"Version={version}\n".encode()}))
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", RELEASE_CALL], cwd=tmp_path,
+                          env=child_env(ASCEND_HOME_PATH=root), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("RELEASE-RESULT:"))
+    out = json.loads(line[len("RELEASE-RESULT:"):])
+    if refused:
+        assert out["[3]"].startswith("refused: ") and f"CANN {version}" in out["[3]"]
+    else:
+        assert out["[3]"] == "AclError 207001"
+    assert out["[0]"] == "AclError 207001"   # trunc = 0 is safe: the call goes on (to the fake runtime's refusal)

@@ -2,6 +2,7 @@
 tensors (the emulator) and, through the device path's own argument derivation, on the same bytes
 in emulator device memory."""
 
+import ctypes
 import math
 
 import numpy as np
@@ -502,6 +503,44 @@ def npu_stand_in(monkeypatch):
         finally:
             stream.synchronize()
             memory.close()
+
+
+@pytest.mark.emulator_only
+def test_npu_kernel_keeps_the_device_torch_npu_made_current(npu_stand_in, monkeypatch):
+    """The package adopts the thread's current device: it never sets one behind torch_npu."""
+    import concurrent.futures
+    import contextlib
+
+    from acl_swiglu import _ffi, runtime
+
+    torch_npu, memory, stream = npu_stand_in
+    api = _ffi.api()
+
+    @contextlib.contextmanager
+    def npu_device(device):
+        assert api.raw.aclrtSetDevice(0) == 0   # what torch_npu.npu.device does on this thread
+        yield
+
+    torch_npu.npu.device = npu_device
+    set_by_package = []
+    real_set = api.aclrtSetDevice
+    monkeypatch.setattr(api, "aclrtSetDevice", lambda device: (set_by_package.append(device), real_set(device))[1])
+    monkeypatch.setattr(runtime._runtime, "set_device", lambda device: set_by_package.append(("set_device", device)))
+    grad_y, x, w, y_origin = _views("rows", torch.float32)
+    expect_x, _ = at.swiglu_group_quant_grad(grad_y, x, weight=w, y_origin=y_origin)
+    on_device = [memory.holding(t) for t in (grad_y, x, w, y_origin)]
+
+    def work():   # a fresh thread: no device until torch_npu sets one
+        grad_x, _ = at._npu(*on_device[:2], weight=on_device[2], y_origin=on_device[3])
+        stream.synchronize()
+        device = ctypes.c_int32(-1)
+        return grad_x.clone(), (api.raw.aclrtGetDevice(ctypes.byref(device)), device.value)
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        grad_x, current = pool.submit(work).result(timeout=120)
+    assert set_by_package == []
+    assert current == (0, 0)
+    np.testing.assert_array_equal(_numpy(grad_x).view(np.uint8), _numpy(expect_x).view(np.uint8))
 
 
 @pytest.mark.emulator_only
