@@ -17,6 +17,7 @@ MAX_RANK = 8
 _F32 = np.dtype(np.float32)
 _I64 = np.dtype(np.int64)
 FLOAT32_MAX = float(np.finfo(np.float32).max)
+FLOAT32_ROUNDS_TO_ZERO = 2.0 ** -150
 
 
 class Rules(NamedTuple):
@@ -60,7 +61,10 @@ def check_clamp_limit(clamp_limit: object) -> Optional[float]:
         raise ArgumentError(f"clamp_limit must be > 0 (use None to turn the clamp off), got {value}")
     if value > FLOAT32_MAX:
         raise ArgumentError(f"clamp_limit {value} is beyond float32 range; the operator uses it as fp32")
-    if np.float32(value) == 0:
+    # Limits at or below 2**-150 (half the smallest fp32 subnormal) round to 0 in fp32. Decided
+    # in float64 on normal numbers, so a caller's flush-to-zero or denormals-are-zero mode
+    # cannot move the answer.
+    if value <= FLOAT32_ROUNDS_TO_ZERO:
         raise ArgumentError(f"clamp_limit {value} rounds to 0 in float32; the operator uses it as fp32")
     return value
 

@@ -77,3 +77,32 @@ def test_the_modes_are_real():
         finally:
             libm.fesetround(MODES["nearest"])
     assert seen == {"nearest": 2.0, "upward": 3.0, "downward": 2.0, "toward_zero": 2.0}
+
+
+@pytest.mark.parametrize("limit, accepted", [(1e-40, True), (1.5e-45, True), (7.006492321624085e-46, False),
+                                             (1e-50, False)])
+def test_flush_denormal_mode_does_not_change_the_clamp_rule(limit, accepted):
+    """torch.set_flush_denormal(True) turns on flush-to-zero and denormals-are-zero for the whole
+    thread; the clamp limit's fp32 rule and the results stay those of the default mode."""
+    torch = pytest.importorskip("torch", reason="torch.set_flush_denormal sets the mode portably")
+    args = _inputs(np.float32)
+
+    def call():
+        try:
+            return acl_swiglu.swiglu_group_quant_grad(*args, limit)
+        except acl_swiglu.ArgumentError as error:
+            assert "rounds to 0 in float32" in str(error)
+            return None
+
+    plain = call()
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU has no flush-denormal mode")
+    try:
+        flushed = call()
+    finally:
+        torch.set_flush_denormal(False)
+    assert (plain is not None) is accepted
+    assert (flushed is not None) is accepted
+    if accepted:
+        assert plain[0].tobytes() == flushed[0].tobytes()
+        assert plain[1].tobytes() == flushed[1].tobytes()
