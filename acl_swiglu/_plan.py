@@ -10,16 +10,16 @@ passed the work queued with it, also when the plan is garbage-collected.
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 import weakref
 from contextlib import ExitStack
 from threading import get_ident as _get_ident
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from . import _ffi
 from ._aclnn import Executor, Operator, check_open, note_write, start_reading, stop_reading, stream_argument
 from ._device import DeviceArray, DeviceBuffer, Stream
+from ._scratch import helper_library
 from .errors import ArgumentError, HandleClosedError
 from .runtime import at_fork_in_child, close_epoch, in_forked_child, pin, repin, runtime_api, unpin, used_on
 from .tensor import AclIntArray, AclTensor
@@ -32,20 +32,20 @@ class _HotLaunch(ctypes.Structure):
                 ("workspace_size", ctypes.c_uint64), ("executor", ctypes.c_void_p), ("stream", ctypes.c_void_p)]
 
 
-_HOTPATH_LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_native", "libaclswiglu_hotpath.so")
-_hotpath_function = []
+_hotpath_function: list = []
 
 
-def _hotpath():
+def _hotpath() -> Any:
     """acl_swiglu_hot_launch from the package's small C helper, or None (then plans make the
     two calls from Python)."""
     if not _hotpath_function:
         function = None
-        if os.path.isfile(_HOTPATH_LIBRARY):
+        library = helper_library()
+        if library is not None:
             try:
-                function = ctypes.CDLL(_HOTPATH_LIBRARY).acl_swiglu_hot_launch
+                function = library.acl_swiglu_hot_launch
                 function.restype = ctypes.c_int32
-            except (OSError, AttributeError):
+            except AttributeError:
                 function = None
         _hotpath_function.append(function)
     return _hotpath_function[0]
