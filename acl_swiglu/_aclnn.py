@@ -333,7 +333,7 @@ def device_call(operator: Operator, arguments: dict, stream) -> Dict[str, Device
     """Both phases on device arrays, queued on `stream`; the outputs the call computes (made
     when not given), by name. Does not wait."""
     revision = operator.revision()
-    problem = operator.validate_device(arguments, revision)
+    problem = _device_problem(operator, revision, arguments)
     epoch = close_epoch[0]
     arrays = operator.device_arrays(arguments, revision)
     check_open(arrays)   # before anything is made
@@ -449,19 +449,39 @@ _LAYOUT_CACHE_SIZE = 256
 
 
 def _layout_key(operator: Operator, revision: Revision, arguments: Mapping[str, Any]) -> Optional[tuple]:
-    """Everything the validation and the arena layout depend on (types, dtypes, shapes, strides,
-    scalar values), or None when an argument is of a kind whose checks are not cached."""
+    """Everything an operator's validation (and a one-shot's arena layout) depends on: types,
+    dtypes, shapes, strides, scalar values; None when an argument is of a kind whose checks
+    look at more (host values, sequences, subclasses), so they are not cached."""
     key: list = [operator, revision.abi]
     for value in arguments.values():
+        kind = type(value)
         if value is None:
             key.append(None)
-        elif type(value) is np.ndarray:
+        elif kind is DeviceArray:
+            key.append(value._layout)
+        elif kind is np.ndarray:
             key.append((value.dtype, value.shape, value.strides))
-        elif type(value) in (int, float, bool):
-            key.append((type(value), value))
+        elif kind is float or kind is int or kind is bool:
+            key.append((kind, value))
         else:
             return None
     return tuple(key)
+
+
+_device_problems: Dict[tuple, Any] = {}
+
+
+def _device_problem(operator: Operator, revision: Revision, arguments: Mapping[str, Any]) -> Any:
+    """The validated problem of a device-level call, computed once per layout of its arguments."""
+    key = _layout_key(operator, revision, arguments)
+    problem = _device_problems.get(key) if key is not None else None
+    if problem is None:
+        problem = operator.validate_device(dict(arguments), revision)
+        if key is not None:
+            if len(_device_problems) >= _LAYOUT_CACHE_SIZE:
+                _device_problems.clear()
+            _device_problems[key] = problem
+    return problem
 
 
 def _one_shot_layout(operator: Operator, revision: Revision, arguments: Mapping[str, Any]) -> _OneShotLayout:

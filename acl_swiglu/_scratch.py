@@ -23,10 +23,10 @@ from ._ffi import check
 
 ALIGNMENT = 64   # CANN wants 32-byte aligned tensor addresses
 
-_dims_cache: Dict[tuple, ctypes.Array] = {}
+_dims_cache: Dict[Tuple[int, ...], "ctypes.Array[ctypes.c_int64]"] = {}
 
 
-def _int64s(values: tuple) -> ctypes.Array:
+def _int64s(values: Tuple[int, ...]) -> "ctypes.Array[ctypes.c_int64]":
     """A C int64 array of `values`, shared between calls (CANN copies dims, never writes them)."""
     array = _dims_cache.get(values)
     if array is None:
@@ -46,7 +46,8 @@ def host_address(array: np.ndarray) -> int:
     ``array.ctypes.data``'s cost; a dtype the protocol cannot name, such as bfloat16, as bytes),
     or ``array.ctypes.data`` for a read-only, strided or empty array."""
     try:
-        return _address_of(_char_from_buffer(array if array.dtype.isbuiltin == 1 else array.view(_BYTES)))
+        exported: Any = array if array.dtype.isbuiltin == 1 else array.view(_BYTES)
+        return _address_of(_char_from_buffer(exported))
     except (TypeError, ValueError, BufferError):
         return int(array.ctypes.data)
 
@@ -56,11 +57,11 @@ class Placement(NamedTuple):
 
     offset: int              # byte offset in the arena; -1 for an empty array (no memory)
     nbytes: int              # bytes copied in or out
-    dims: ctypes.Array       # the C arguments, made once per layout
+    dims: "ctypes.Array[ctypes.c_int64]"   # the C arguments, made once per layout
     ndim: int
     dtype: int
-    strides: ctypes.Array
-    span: ctypes.Array
+    strides: "ctypes.Array[ctypes.c_int64]"
+    span: "ctypes.Array[ctypes.c_int64]"
     make_contiguous: bool    # the host strides cannot go to the device: copy in C order first
 
 
@@ -101,9 +102,10 @@ class _ArenaHelper(NamedTuple):
     place: Any
     fetch: Any
     destroy: Any
-    api: ctypes._Pointer   # to the _ArenaApi
+    api: "ctypes._Pointer[_ArenaApi]"
 
 
+_C_FUNCTION: type = getattr(ctypes, "_CFuncPtr")
 _arena_helpers: Dict[int, Tuple[Any, Tuple[Any, ...], Optional[_ArenaHelper]]] = {}
 
 
@@ -117,7 +119,7 @@ def arena_helper(api: Any) -> Optional[_ArenaHelper]:
         return entry[2]
     library = helper_library()
     helper = None
-    if library is not None and all(isinstance(f, ctypes._CFuncPtr) for f in functions):
+    if library is not None and all(isinstance(f, _C_FUNCTION) for f in functions):
         try:
             entries = [getattr(library, name) for name in ("acl_swiglu_arena_place", "acl_swiglu_arena_fetch",
                                                            "acl_swiglu_arena_destroy")]
@@ -131,7 +133,7 @@ def arena_helper(api: Any) -> Optional[_ArenaHelper]:
                 entry_point.restype = ctypes.c_int32
                 entry_point.argtypes = types
             table = _ArenaApi(*(ctypes.cast(f, ctypes.c_void_p).value for f in functions))
-            helper = _ArenaHelper(*entries, ctypes.pointer(table))
+            helper = _ArenaHelper(entries[0], entries[1], entries[2], ctypes.pointer(table))
     _arena_helpers[id(api)] = (api, functions, helper)
     return helper
 
@@ -144,9 +146,9 @@ class ArenaLayout(NamedTuple):
     size: int
     inputs: Tuple[Tuple[str, Placement], ...]
     outputs: Tuple[Tuple[str, Placement], ...]
-    native: ctypes.Array
-    count: ctypes.c_uint32
-    addresses: type   # a C array type of one address per array
+    native: "ctypes.Array[_ArenaArray]"
+    arrays: ctypes.c_uint32   # how many
+    addresses: Any            # a C array type of one address per array   # a C array type of one address per array
 
 
 def arena_layout(inputs: Sequence[Tuple[str, np.ndarray]],
@@ -200,7 +202,7 @@ class CallScratch:
         self.tensors: List[Any] = []
         self.int_arrays: List[Any] = []
         self.drain: Any = None
-        self.block: Optional[Tuple[ctypes.Array, ctypes.c_uint32]] = None   # tensors the C helper made
+        self.block: Optional[Tuple[Any, ctypes.c_uint32]] = None   # tensors the C helper made
         self.helper: Optional[_ArenaHelper] = None
 
     def __enter__(self) -> "CallScratch":
@@ -218,9 +220,9 @@ class CallScratch:
         self.size = layout.size
         self.allocate()
 
-    def place_all(self, helper: _ArenaHelper, layout: ArenaLayout, hosts: Sequence[Optional[np.ndarray]]) -> list:
+    def place_all(self, helper: _ArenaHelper, layout: ArenaLayout, hosts: Sequence[Optional[np.ndarray]]) -> List[ctypes.c_void_p]:
         """Every array's tensor in one C call, inputs (`hosts`, in order) copied in first."""
-        count = layout.count
+        count = layout.arrays
         tensors = layout.addresses()
         self.block, self.helper = (tensors, count), helper
         addresses = layout.addresses(*[None if host is None else host_address(host) for host in hosts])
@@ -238,7 +240,7 @@ class CallScratch:
         assert helper is not None, "place_all() first"
         addresses = layout.addresses(*[None if host is None else host_address(host) for host in hosts])
         failed = ctypes.c_uint32()
-        status = helper.fetch(helper.api, layout.native, layout.count, self.base, addresses, ctypes.byref(failed))
+        status = helper.fetch(helper.api, layout.native, layout.arrays, self.base, addresses, ctypes.byref(failed))
         if status:
             _ffi.raise_status(status, "aclrtMemcpy", self.api.get_message)
 
