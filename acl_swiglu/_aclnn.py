@@ -17,13 +17,13 @@ import re
 import threading
 import weakref
 from contextlib import ExitStack
-from typing import Callable, Dict, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
 from . import _ffi
 from ._device import DeviceArray, DeviceBuffer, Stream, default_stream
-from ._scratch import CallScratch
+from ._scratch import ArenaLayout, CallScratch, arena_helper, arena_layout
 from .errors import ArgumentError, HandleClosedError, HostMemoryError
 from .runtime import (Owned, at_fork_in_child, close_epoch, free_collected, in_forked_child, pin, runtime_api, unpin,
                       used_on)
@@ -333,7 +333,7 @@ def device_call(operator: Operator, arguments: dict, stream) -> Dict[str, Device
     """Both phases on device arrays, queued on `stream`; the outputs the call computes (made
     when not given), by name. Does not wait."""
     revision = operator.revision()
-    problem = operator.validate_device(arguments, revision)
+    problem = _device_problem(operator, revision, arguments)
     epoch = close_epoch[0]
     arrays = operator.device_arrays(arguments, revision)
     check_open(arrays)   # before anything is made
@@ -436,43 +436,112 @@ def _native(array):
     return array
 
 
+class _OneShotLayout(NamedTuple):
+    """What a one-shot call with one layout of arguments needs before any data moves: the
+    validated problem and where each array goes in the call's arena."""
+
+    problem: Any
+    arena: ArenaLayout
+
+
+_one_shot_layouts: Dict[tuple, _OneShotLayout] = {}
+_LAYOUT_CACHE_SIZE = 256
+
+
+def _layout_key(operator: Operator, revision: Revision, arguments: Mapping[str, Any]) -> Optional[tuple]:
+    """Everything an operator's validation (and a one-shot's arena layout) depends on: types,
+    dtypes, shapes, strides, scalar values; None when an argument is of a kind whose checks
+    look at more (host values, sequences, subclasses), so they are not cached."""
+    key: list = [operator, revision.abi]
+    for value in arguments.values():
+        kind = type(value)
+        if value is None:
+            key.append(None)
+        elif kind is DeviceArray:
+            key.append(value._layout)
+        elif kind is np.ndarray:
+            key.append((value.dtype, value.shape, value.strides))
+        elif kind is float or kind is int or kind is bool:
+            key.append((kind, value))
+        else:
+            return None
+    return tuple(key)
+
+
+_device_problems: Dict[tuple, Any] = {}
+
+
+def _device_problem(operator: Operator, revision: Revision, arguments: Mapping[str, Any]) -> Any:
+    """The validated problem of a device-level call, computed once per layout of its arguments."""
+    key = _layout_key(operator, revision, arguments)
+    problem = _device_problems.get(key) if key is not None else None
+    if problem is None:
+        problem = operator.validate_device(dict(arguments), revision)
+        if key is not None:
+            if len(_device_problems) >= _LAYOUT_CACHE_SIZE:
+                _device_problems.clear()
+            _device_problems[key] = problem
+    return problem
+
+
+def _one_shot_layout(operator: Operator, revision: Revision, arguments: Mapping[str, Any]) -> _OneShotLayout:
+    key = _layout_key(operator, revision, arguments)
+    layout = _one_shot_layouts.get(key) if key is not None else None
+    if layout is None:
+        problem = operator.description.validate(arguments, revision, (np.ndarray,), "a numpy.ndarray", (), False)
+        inputs = [(name, arguments[name]) for name in operator.input_names
+                  if arguments.get(name) is not None and name not in revision.host_inputs]
+        outputs = [(name, tuple(shape), np.dtype(dtype)) for name, (shape, dtype) in problem.outputs.items()]
+        layout = _OneShotLayout(problem, arena_layout(inputs, outputs))
+        if key is not None:
+            if len(_one_shot_layouts) >= _LAYOUT_CACHE_SIZE:
+                _one_shot_layouts.clear()
+            _one_shot_layouts[key] = layout
+    return layout
+
+
 def one_shot(operator: Operator, arguments: dict) -> Dict[str, np.ndarray]:
     """Both phases on NumPy arrays: copies to the device, runs, copies back; the outputs the
-    call computes, as fresh host arrays by name."""
+    call computes, as fresh host arrays by name. Validation and the arena layout are computed
+    once per layout of the arguments."""
     revision = operator.revision()
     arguments = {name: _native(value) for name, value in arguments.items()}
-    problem = operator.description.validate(arguments, revision, (np.ndarray,), "a numpy.ndarray", (), False)
+    layout = _one_shot_layout(operator, revision, arguments)
     results = {}
     try:
-        for name, (shape, dtype) in problem.outputs.items():
+        for name, (shape, dtype) in layout.problem.outputs.items():
             results[name] = np.empty(shape, dtype)
     except MemoryError:
         raise HostMemoryError(f"the result {name} has shape {shape}: it needs {math.prod(shape) * dtype.itemsize} "
                               "bytes, more than this host can allocate") from None
     stream = thread_stream()
     api = runtime_api()
+    arena = layout.arena
+    helper = arena_helper(api)
     with CallScratch(api) as scratch:
-        staged = {}
-        for name in operator.input_names:
-            value = arguments.get(name)
-            if value is not None and name not in revision.host_inputs:
-                staged[name] = scratch.stage_input(value)
-        for name, host in results.items():
-            staged[name] = scratch.stage_output(host)
-        scratch.allocate()
+        scratch.allocate_layout(arena)
+        if helper is not None:   # every copy in and every tensor in one C call
+            hosts = [np.ascontiguousarray(arguments[name]) if placement.make_contiguous else arguments[name]
+                     for name, placement in arena.inputs]
+            tensors = scratch.place_all(helper, arena, hosts + [None] * len(arena.outputs))
+            placed = dict(zip([name for name, _ in arena.inputs + arena.outputs], tensors))
+        else:
+            placed = {name: scratch.place(placement, arguments[name]) for name, placement in arena.inputs}
+            for name, placement in arena.outputs:
+                placed[name] = scratch.place(placement)
         handles = []
         for name in operator.slot_names:
             if name in revision.host_inputs and arguments.get(name) is not None:
                 handles.append(scratch.int_array(arguments[name]))
-            elif name in staged:
-                handles.append(scratch.upload(staged[name]) if name in operator.input_names
-                               else scratch.tensor_for(staged[name]))
             else:
-                handles.append(None)
-        executor, size = operator.phase1(api, revision, problem, handles)
+                handles.append(placed.get(name))
+        executor, size = operator.phase1(api, revision, layout.problem, handles)
         scratch.drain = stream._address
         launch_single_use(operator, api, executor, size, stream)
         _ffi.check(api, api.hot.aclrtSynchronizeStream(stream._address), "aclrtSynchronizeStream")
-        for name in results:
-            scratch.download(staged[name])
+        if helper is not None:
+            scratch.fetch_all(arena, [None] * len(arena.inputs) + [results[name] for name, _ in arena.outputs])
+        else:
+            for name, placement in arena.outputs:
+                scratch.fetch(placement, results[name])
     return results

@@ -10,16 +10,16 @@ passed the work queued with it, also when the plan is garbage-collected.
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 import weakref
 from contextlib import ExitStack
 from threading import get_ident as _get_ident
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from . import _ffi
 from ._aclnn import Executor, Operator, check_open, note_write, start_reading, stop_reading, stream_argument
 from ._device import DeviceArray, DeviceBuffer, Stream
+from ._scratch import helper_library
 from .errors import ArgumentError, HandleClosedError
 from .runtime import at_fork_in_child, close_epoch, in_forked_child, pin, repin, runtime_api, unpin, used_on
 from .tensor import AclIntArray, AclTensor
@@ -29,29 +29,30 @@ class _HotLaunch(ctypes.Structure):
     """One plan call for libaclswiglu_hotpath.so (its hot_launch struct): what to call and with what."""
 
     _fields_ = [("launch", ctypes.c_void_p), ("synchronize", ctypes.c_void_p), ("workspace", ctypes.c_void_p),
-                ("workspace_size", ctypes.c_uint64), ("executor", ctypes.c_void_p), ("stream", ctypes.c_void_p)]
+                ("workspace_size", ctypes.c_uint64), ("executor", ctypes.c_void_p), ("stream", ctypes.c_void_p),
+                ("failed", ctypes.c_int32)]
 
 
-_HOTPATH_LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_native", "libaclswiglu_hotpath.so")
-_hotpath_function = []
+_hotpath_function: list = []
 
 
-def _hotpath():
-    """acl_swiglu_hot_launch from the package's small C helper, or None (then plans make the
-    two calls from Python)."""
+def _hotpath() -> Any:
+    """(launch, launch + synchronize) from the package's small C helper, or None (then plans
+    make the two calls from Python)."""
     if not _hotpath_function:
-        function = None
-        if os.path.isfile(_HOTPATH_LIBRARY):
+        functions = None
+        library = helper_library()
+        if library is not None:
             try:
-                function = ctypes.CDLL(_HOTPATH_LIBRARY).acl_swiglu_hot_launch
-                function.restype = ctypes.c_int32
-            except (OSError, AttributeError):
-                function = None
-        _hotpath_function.append(function)
+                functions = (library.acl_swiglu_hot_launch, library.acl_swiglu_hot_launch_synchronize)
+                for function in functions:
+                    function.restype = ctypes.c_int32
+            except AttributeError:
+                functions = None
+        _hotpath_function.append(functions)
     return _hotpath_function[0]
 
 
-_SYNC_OFF, _SYNC_ON = ctypes.c_int32(0), ctypes.c_int32(1)
 _plans: "weakref.WeakSet[Plan]" = weakref.WeakSet()
 
 
@@ -199,8 +200,6 @@ class Plan:
                                           self._workspace_ptr, self._workspace_size, self._launch_args[2].value,
                                           self.stream._address.value)
             self._hot_arguments = ctypes.byref(self._hot_struct)
-            self._hot_failed_value = ctypes.c_int32()
-            self._hot_failed = ctypes.byref(self._hot_failed_value)
             self._hot_call = hot
 
     def _set_outputs(self) -> None:
@@ -240,9 +239,9 @@ class Plan:
                 self._wait_for_foreign_writes()
             hot = self._hot_call
             if hot is not None:
-                status = hot(self._hot_arguments, _SYNC_ON if synchronize else _SYNC_OFF, self._hot_failed)
+                status = hot[1 if synchronize else 0](self._hot_arguments)
                 if status:
-                    self._raise_launch_failure(status, self._hot_failed_value.value == 1)
+                    self._raise_launch_failure(status, self._hot_struct.failed == 1)
             else:
                 self._launch_from_python(synchronize)
             if checked != close_epoch[0]:

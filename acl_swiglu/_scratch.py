@@ -9,7 +9,9 @@ device memory is one allocation (an arena), each array at a 64-byte aligned offs
 from __future__ import annotations
 
 import ctypes
-from typing import Dict, List, Optional, Tuple
+import math
+import os
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -21,10 +23,10 @@ from ._ffi import check
 
 ALIGNMENT = 64   # CANN wants 32-byte aligned tensor addresses
 
-_dims_cache: Dict[tuple, ctypes.Array] = {}
+_dims_cache: Dict[Tuple[int, ...], "ctypes.Array[ctypes.c_int64]"] = {}
 
 
-def _int64s(values: tuple) -> ctypes.Array:
+def _int64s(values: Tuple[int, ...]) -> "ctypes.Array[ctypes.c_int64]":
     """A C int64 array of `values`, shared between calls (CANN copies dims, never writes them)."""
     array = _dims_cache.get(values)
     if array is None:
@@ -34,60 +36,177 @@ def _int64s(values: tuple) -> ctypes.Array:
     return array
 
 
-class Staged:
-    """An array's place in the arena: element strides, element span and byte offset."""
+_char_from_buffer = ctypes.c_char.from_buffer
+_address_of = ctypes.addressof
+_BYTES = np.dtype(np.uint8)
 
-    __slots__ = ("array", "strides", "span", "offset")
 
-    def __init__(self, array: np.ndarray, strides: Tuple[int, ...], span: int, offset: int):
-        self.array, self.strides, self.span, self.offset = array, strides, span, offset
+def host_address(array: np.ndarray) -> int:
+    """The address of a host array's first byte: through the buffer protocol (a fraction of
+    ``array.ctypes.data``'s cost; a dtype the protocol cannot name, such as bfloat16, as bytes),
+    or ``array.ctypes.data`` for a read-only, strided or empty array."""
+    try:
+        exported: Any = array if array.dtype.isbuiltin == 1 else array.view(_BYTES)
+        return _address_of(_char_from_buffer(exported))
+    except (TypeError, ValueError, BufferError):
+        return int(array.ctypes.data)
+
+
+class Placement(NamedTuple):
+    """One array's place in a call's arena and the aclCreateTensor arguments that describe it."""
+
+    offset: int              # byte offset in the arena; -1 for an empty array (no memory)
+    nbytes: int              # bytes copied in or out
+    dims: "ctypes.Array[ctypes.c_int64]"   # the C arguments, made once per layout
+    ndim: int
+    dtype: int
+    strides: "ctypes.Array[ctypes.c_int64]"
+    span: "ctypes.Array[ctypes.c_int64]"
+    make_contiguous: bool    # the host strides cannot go to the device: copy in C order first
+
+
+class _ArenaApi(ctypes.Structure):
+    """The C helper's arena_api struct: the ACL functions it calls."""
+
+    _fields_ = [("copy", ctypes.c_void_p), ("create_tensor", ctypes.c_void_p), ("destroy_tensor", ctypes.c_void_p)]
+
+
+class _ArenaArray(ctypes.Structure):
+    """The C helper's arena_array struct: one array of a call (binding/arena.c)."""
+
+    _fields_ = [("dims", ctypes.c_void_p), ("strides", ctypes.c_void_p), ("storage_dims", ctypes.c_void_p),
+                ("ndim", ctypes.c_uint64), ("offset", ctypes.c_int64), ("nbytes", ctypes.c_uint64),
+                ("dtype", ctypes.c_int32), ("format", ctypes.c_int32)]
+
+
+_TENSOR_NOT_MADE = -1   # the helper's status for an aclCreateTensor that returned NULL
+_HELPER_LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_native", "libaclswiglu_hotpath.so")
+_helper: List[Optional[ctypes.CDLL]] = []
+
+
+def helper_library() -> Optional[ctypes.CDLL]:
+    """The package's small C helper (libaclswiglu_hotpath.so), or None when it is not installed
+    (then every step is its own ctypes call)."""
+    if not _helper:
+        library = None
+        if os.path.isfile(_HELPER_LIBRARY):
+            try:
+                library = ctypes.CDLL(_HELPER_LIBRARY)
+            except OSError:
+                library = None
+        _helper.append(library)
+    return _helper[0]
+
+
+class _ArenaHelper(NamedTuple):
+    place: Any
+    fetch: Any
+    destroy: Any
+    api: "ctypes._Pointer[_ArenaApi]"
+
+
+_C_FUNCTION: type = getattr(ctypes, "_CFuncPtr")
+_arena_helpers: Dict[int, Tuple[Any, Tuple[Any, ...], Optional[_ArenaHelper]]] = {}
+
+
+def arena_helper(api: Any) -> Optional[_ArenaHelper]:
+    """The C helper's arena functions bound to `api`'s ACL functions, or None without the helper
+    or when one of those functions is not a plain C function (a Python wrapper must see its calls)."""
+    raw = api.raw
+    functions = (raw.aclrtMemcpy, raw.aclCreateTensor, raw.aclDestroyTensor)
+    entry = _arena_helpers.get(id(api))
+    if entry is not None and entry[0] is api and all(a is b for a, b in zip(entry[1], functions)):
+        return entry[2]
+    library = helper_library()
+    helper = None
+    if library is not None and all(isinstance(f, _C_FUNCTION) for f in functions):
+        try:
+            entries = [getattr(library, name) for name in ("acl_swiglu_arena_place", "acl_swiglu_arena_fetch",
+                                                           "acl_swiglu_arena_destroy")]
+        except AttributeError:
+            entries = []
+        if entries:
+            pointer, count = ctypes.c_void_p, ctypes.c_uint32
+            argtypes = ((pointer, pointer, count, pointer, pointer, pointer, pointer),
+                        (pointer, pointer, count, pointer, pointer, pointer), (pointer, pointer, count))
+            for entry_point, types in zip(entries, argtypes):
+                entry_point.restype = ctypes.c_int32
+                entry_point.argtypes = types
+            table = _ArenaApi(*(ctypes.cast(f, ctypes.c_void_p).value for f in functions))
+            helper = _ArenaHelper(entries[0], entries[1], entries[2], ctypes.pointer(table))
+    _arena_helpers[id(api)] = (api, functions, helper)
+    return helper
+
+
+class ArenaLayout(NamedTuple):
+    """Where every array of one call goes in its single device allocation: computed once per
+    layout of the arguments (shapes, dtypes, strides) and reused by every call with it.
+    ``native`` is the same, inputs then outputs, as the C helper's array of arena_array."""
+
+    size: int
+    inputs: Tuple[Tuple[str, Placement], ...]
+    outputs: Tuple[Tuple[str, Placement], ...]
+    native: "ctypes.Array[_ArenaArray]"
+    arrays: ctypes.c_uint32   # how many
+    addresses: Any            # a C array type of one address per array   # a C array type of one address per array
+
+
+def arena_layout(inputs: Sequence[Tuple[str, np.ndarray]],
+                 outputs: Sequence[Tuple[str, Tuple[int, ...], np.dtype]]) -> ArenaLayout:
+    size = [0]
+
+    def place(shape: Tuple[int, ...], dtype: np.dtype, strides: Optional[Tuple[int, ...]], count: int,
+              make_contiguous: bool = False) -> Placement:
+        if strides is None:
+            strides = contiguous_strides(shape)
+        span = element_span(shape, strides) if count else 0
+        nbytes = span * dtype.itemsize
+        offset = -1
+        if count:
+            offset = size[0]
+            size[0] = offset + (nbytes + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+        return Placement(offset, nbytes, _int64s(tuple(shape)), len(shape), acl_dtype(dtype), _int64s(strides),
+                         _int64s((span,)), make_contiguous)
+
+    placed_inputs = []
+    for name, array in inputs:
+        strides = None
+        if array.size and not array.flags.c_contiguous:
+            strides = host_element_strides(array)
+        placed_inputs.append((name, place(array.shape, array.dtype, strides, array.size,
+                                          bool(array.size) and not array.flags.c_contiguous and strides is None)))
+    placed_outputs = tuple((name, place(shape, dtype, None, math.prod(shape))) for name, shape, dtype in outputs)
+    every = [p for _, p in placed_inputs] + [p for _, p in placed_outputs]
+    native = (_ArenaArray * max(len(every), 1))(*[
+        _ArenaArray(ctypes.addressof(p.dims), ctypes.addressof(p.strides), ctypes.addressof(p.span), p.ndim,
+                    p.offset, p.nbytes, p.dtype, ACL_FORMAT_ND) for p in every])
+    return ArenaLayout(size[0], tuple(placed_inputs), placed_outputs, native, ctypes.c_uint32(len(every)),
+                       ctypes.c_void_p * max(len(every), 1))
 
 
 class CallScratch:
     """Use as ``with CallScratch(api) as scratch:``; everything it made is released on exit.
 
-    Stage every array first (``stage_input`` / ``stage_output``), then ``allocate()`` the arena
-    once, then ``upload`` / ``tensor_for`` them. When ``drain`` is set to a stream handle, that
+    ``allocate_layout()`` makes the arena once, then ``place`` makes each array's tensor
+    (copying inputs in) and ``fetch`` copies outputs back. When ``drain`` is set to a stream handle, that
     stream is synchronised before anything is freed if the call fails after queuing work.
     """
 
-    __slots__ = ("api", "raw", "size", "base", "tensors", "int_arrays", "drain")
+    __slots__ = ("api", "raw", "size", "base", "tensors", "int_arrays", "drain", "block", "helper")
 
-    def __init__(self, api):
+    def __init__(self, api: Any) -> None:
         self.api = api
         self.raw = api.raw
         self.size = 0
         self.base: Optional[int] = None
-        self.tensors: list = []
-        self.int_arrays: list = []
-        self.drain = None
+        self.tensors: List[Any] = []
+        self.int_arrays: List[Any] = []
+        self.drain: Any = None
+        self.block: Optional[Tuple[Any, ctypes.c_uint32]] = None   # tensors the C helper made
+        self.helper: Optional[_ArenaHelper] = None
 
     def __enter__(self) -> "CallScratch":
         return self
-
-    def _reserve(self, nbytes: int) -> int:
-        offset = self.size
-        self.size = offset + (nbytes + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
-        return offset
-
-    def stage_input(self, array: np.ndarray) -> Staged:
-        """Reserves room for the bytes `array` spans, keeping its strides on the device
-        (a copy in C order when its strides are negative or not whole elements)."""
-        if array.size == 0:
-            return Staged(array, contiguous_strides(array.shape), 0, -1)
-        if array.flags.c_contiguous:
-            return Staged(array, contiguous_strides(array.shape), array.size, self._reserve(array.nbytes))
-        strides = host_element_strides(array)
-        if strides is None:
-            array = np.ascontiguousarray(array)
-            return Staged(array, contiguous_strides(array.shape), array.size, self._reserve(array.nbytes))
-        span = element_span(array.shape, strides)
-        return Staged(array, strides, span, self._reserve(span * array.dtype.itemsize))
-
-    def stage_output(self, host: np.ndarray) -> Staged:
-        if host.size == 0:
-            return Staged(host, contiguous_strides(host.shape), 0, -1)
-        return Staged(host, contiguous_strides(host.shape), host.size, self._reserve(host.nbytes))
 
     def allocate(self) -> None:
         if self.size:
@@ -96,34 +215,57 @@ class CallScratch:
                   "aclrtMalloc")
             self.base = ptr.value
 
-    def address(self, staged: Staged) -> Optional[int]:
-        return None if staged.offset < 0 else self.base + staged.offset
+    def allocate_layout(self, layout: ArenaLayout) -> None:
+        """The arena of a precomputed layout (instead of staging and ``allocate()``)."""
+        self.size = layout.size
+        self.allocate()
 
-    def tensor_for(self, staged: Staged):
-        array = staged.array
-        handle = self.raw.aclCreateTensor(_int64s(array.shape), array.ndim, acl_dtype(array.dtype),
-                                          _int64s(staged.strides), 0, ACL_FORMAT_ND, _int64s((staged.span,)), 1,
-                                          self.address(staged))
+    def place_all(self, helper: _ArenaHelper, layout: ArenaLayout, hosts: Sequence[Optional[np.ndarray]]) -> List[ctypes.c_void_p]:
+        """Every array's tensor in one C call, inputs (`hosts`, in order) copied in first."""
+        count = layout.arrays
+        tensors = layout.addresses()
+        self.block, self.helper = (tensors, count), helper
+        addresses = layout.addresses(*[None if host is None else host_address(host) for host in hosts])
+        failed = ctypes.c_uint32()
+        status = helper.place(helper.api, layout.native, count, self.base, addresses, tensors, ctypes.byref(failed))
+        if status:
+            if status == _TENSOR_NOT_MADE:
+                _ffi.raise_null("aclCreateTensor", self.api.get_message)
+            _ffi.raise_status(status, "aclrtMemcpy", self.api.get_message)
+        return [ctypes.c_void_p(handle) for handle in tensors]
+
+    def fetch_all(self, layout: ArenaLayout, hosts: Sequence[Optional[np.ndarray]]) -> None:
+        """Copies the arrays with a host destination in `hosts` back, in one C call."""
+        helper = self.helper
+        assert helper is not None, "place_all() first"
+        addresses = layout.addresses(*[None if host is None else host_address(host) for host in hosts])
+        failed = ctypes.c_uint32()
+        status = helper.fetch(helper.api, layout.native, layout.arrays, self.base, addresses, ctypes.byref(failed))
+        if status:
+            _ffi.raise_status(status, "aclrtMemcpy", self.api.get_message)
+
+    def place(self, placement: Placement, host: Optional[np.ndarray] = None) -> Any:
+        """The tensor of a placed array; with `host`, its bytes are first copied to the device."""
+        address = None if placement.offset < 0 or self.base is None else self.base + placement.offset
+        if host is not None and address is not None:
+            if placement.make_contiguous:
+                host = np.ascontiguousarray(host)
+            check(self.api, self.raw.aclrtMemcpy(address, placement.nbytes, host_address(host), placement.nbytes,
+                                                 MEMCPY_HOST_TO_DEVICE), "aclrtMemcpy")
+        handle = self.raw.aclCreateTensor(placement.dims, placement.ndim, placement.dtype, placement.strides, 0,
+                                          ACL_FORMAT_ND, placement.span, 1, address)
         if not handle:
             _ffi.raise_null("aclCreateTensor", self.api.get_message)
         self.tensors.append(handle)
         return handle
 
-    def upload(self, staged: Staged):
-        """Copies a staged input to the device; returns its tensor."""
-        if staged.offset >= 0:
-            nbytes = staged.span * staged.array.dtype.itemsize
-            check(self.api, self.raw.aclrtMemcpy(self.base + staged.offset, nbytes, staged.array.ctypes.data, nbytes,
-                                                 MEMCPY_HOST_TO_DEVICE), "aclrtMemcpy")
-        return self.tensor_for(staged)
+    def fetch(self, placement: Placement, host: np.ndarray) -> None:
+        """Copies a placed output back into `host` (C-contiguous, writable)."""
+        if placement.offset >= 0 and self.base is not None:
+            check(self.api, self.raw.aclrtMemcpy(host_address(host), placement.nbytes, self.base + placement.offset,
+                                                 placement.nbytes, MEMCPY_DEVICE_TO_HOST), "aclrtMemcpy")
 
-    def download(self, staged: Staged) -> None:
-        host = staged.array
-        if staged.offset >= 0:
-            check(self.api, self.raw.aclrtMemcpy(host.ctypes.data, host.nbytes, self.base + staged.offset,
-                                                 host.nbytes, MEMCPY_DEVICE_TO_HOST), "aclrtMemcpy")
-
-    def int_array(self, values: np.ndarray):
+    def int_array(self, values: Any) -> Any:
         values = np.ascontiguousarray(values, dtype=np.int64)
         pointer = values.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)) if values.size else None
         handle = self.raw.aclCreateIntArray(pointer, values.size)
@@ -132,11 +274,15 @@ class CallScratch:
         self.int_arrays.append(handle)
         return handle
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         raw = self.raw
         if exc_type is not None and self.drain is not None:
             self.api.hot.aclrtSynchronizeStream(self.drain)   # the call's own error is the one to report
         failed: List[Tuple[int, str]] = []
+        if self.block is not None and self.helper is not None:
+            status = self.helper.destroy(self.helper.api, *self.block)
+            if status:
+                failed.append((status, "aclDestroyTensor"))
         for handle in reversed(self.tensors):
             status = raw.aclDestroyTensor(handle)
             if status:

@@ -18,30 +18,31 @@ typedef int (*synchronize_fn)(void *stream);
 
 /* Laid out as the binding's ctypes structure of the same fields, in this order. */
 typedef struct {
-    launch_fn launch;            /* aclnnSwigluGroupQuantGrad */
+    launch_fn launch;            /* the operator's phase 2 */
     synchronize_fn synchronize;  /* aclrtSynchronizeStream */
     void *workspace;
     uint64_t workspace_size;
     void *executor;
     void *stream;
+    int32_t failed;              /* set by each call: 0, 1 (phase 2 failed) or 2 (synchronize failed) */
 } hot_launch;
 
-/* Phase 2, then (when asked) the synchronisation. Returns 0, or the failing call's status
- * with *failed set to 1 (phase 2) or 2 (synchronize); the error text is the library's. */
-HOTPATH_EXPORT int32_t acl_swiglu_hot_launch(const hot_launch *call, int32_t synchronize, int32_t *failed)
+/* Phase 2. Returns 0 or its status (call->failed says which call failed). */
+HOTPATH_EXPORT int32_t acl_swiglu_hot_launch(hot_launch *call)
 {
     int32_t status = call->launch(call->workspace, call->workspace_size, call->executor, call->stream);
+    call->failed = status != 0 ? 1 : 0;
+    return status;
+}
+
+/* Phase 2, then the synchronisation: one ctypes call for a plan(synchronize=True). */
+HOTPATH_EXPORT int32_t acl_swiglu_hot_launch_synchronize(hot_launch *call)
+{
+    int32_t status = acl_swiglu_hot_launch(call);
     if (status != 0) {
-        *failed = 1;
         return status;
     }
-    if (synchronize) {
-        status = call->synchronize(call->stream);
-        if (status != 0) {
-            *failed = 2;
-            return status;
-        }
-    }
-    *failed = 0;
-    return 0;
+    status = call->synchronize(call->stream);
+    call->failed = status != 0 ? 2 : 0;
+    return status;
 }
