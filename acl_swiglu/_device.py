@@ -12,7 +12,7 @@ import ctypes
 import math
 import threading
 import weakref
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, TypeVar
 
 import numpy as np
 
@@ -20,7 +20,14 @@ from . import _ffi
 from ._checks import ADDRESS_MAX, INT64_MAX, whole_number
 from ._dtypes import allowed_dtype_text, dtype_name, is_device_dtype
 from .errors import ArgumentError, HandleClosedError
-from .runtime import Life, Owned, at_fork_in_child, close_with, free_collected, in_forked_child, pin, runtime_api, unpin
+from .runtime import (Life, Owned, Release, at_fork_in_child, close_with, free_collected, in_forked_child, pin,
+                      runtime_api, unpin)
+
+if TYPE_CHECKING:   # (for annotations only: both import this module)
+    import numpy.typing as npt
+
+    from ._plan import Plan
+    from .tensor import AclTensor
 
 ACL_MEM_MALLOC_HUGE_FIRST = 0
 MEMCPY_HOST_TO_DEVICE = 1
@@ -28,10 +35,12 @@ MEMCPY_DEVICE_TO_HOST = 2
 MEMCPY_DEVICE_TO_DEVICE = 3
 MAX_ALLOCATION = INT64_MAX   # size_t on the device side; larger sizes would wrap in C
 
+_Result = TypeVar("_Result")
+
 
 # ---- layout arithmetic ----
 
-_strides_cache: Dict[tuple, Tuple[int, ...]] = {}
+_strides_cache: Dict[Tuple[int, ...], Tuple[int, ...]] = {}
 
 
 def contiguous_strides(shape: Sequence[int]) -> Tuple[int, ...]:
@@ -64,7 +73,7 @@ def host_element_strides(array: np.ndarray) -> Optional[Tuple[int, ...]]:
     return tuple(s // itemsize for s in array.strides)
 
 
-def check_device_dtype(dtype, name: str = "dtype") -> np.dtype:
+def check_device_dtype(dtype: npt.DTypeLike, name: str = "dtype") -> np.dtype:
     """`dtype` as a NumPy dtype when device arrays can hold it (an ArgumentError otherwise)."""
     try:
         dtype = np.dtype(dtype)
@@ -84,7 +93,7 @@ class _StreamLife(Life):
 
     __slots__ = ("address", "destroyed")
 
-    def __init__(self, release, address: ctypes.c_void_p):
+    def __init__(self, release: Optional[Release], address: ctypes.c_void_p) -> None:
         super().__init__(release)
         self.address = address
         self.destroyed = False
@@ -114,8 +123,9 @@ class Stream(Owned):
     framework's and ``default_stream()`` is the NULL stream (closing those never destroys them)."""
 
     _kind = "Stream"
+    _life: _StreamLife   # made by _make_life or _borrowed
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()
         self._setup(None)
         self._is_default = False
@@ -124,9 +134,9 @@ class Stream(Owned):
         api.aclrtCreateStream(ctypes.byref(handle))
         self._address = ctypes.c_void_p(ctypes.cast(handle, ctypes.c_void_p).value)
         raw_destroy = api.raw.aclrtDestroyStream
-        life_box = []
+        life_box: List[_StreamLife] = []
 
-        def release(handle=handle):
+        def release(handle: Any = handle) -> None:
             runtime_api()
             life_box[0].destroyed = True   # destroying waits for the queued work
             raw_destroy(handle)
@@ -141,7 +151,7 @@ class Stream(Owned):
         self._is_default = not address
         _streams.add(self)
 
-    def _make_life(self, release) -> Life:
+    def _make_life(self, release: Release) -> _StreamLife:
         return _StreamLife(release, self._address)
 
     @classmethod
@@ -190,7 +200,7 @@ class Stream(Owned):
             old.close()   # freed once the work queued with it is done
         return fresh
 
-    def run_with_workspace(self, nbytes: int, launch: Callable[[Optional[int]], object]):
+    def run_with_workspace(self, nbytes: int, launch: Callable[[Optional[int]], _Result]) -> _Result:
         """Calls launch(workspace address or None) with at least nbytes of workspace from this
         stream's pool; the buffer stays allocated until the work launched with it is done."""
         self.check_open()
@@ -240,7 +250,7 @@ def default_stream() -> Stream:
 # ---- device memory ----
 
 
-def _check_nbytes(nbytes) -> int:
+def _check_nbytes(nbytes: object) -> int:
     nbytes = whole_number(nbytes, "nbytes", 1, INT64_MAX * 2 + 1)
     if nbytes > MAX_ALLOCATION:
         raise ArgumentError(f"nbytes {nbytes} is more than any device can address")
@@ -263,7 +273,7 @@ class DeviceBuffer(Owned):
         raw_free = api.raw.aclrtFree
         address = ptr.value
 
-        def release(address=address):
+        def release(address: Optional[int] = address) -> None:
             runtime_api()
             raw_free(address)
 
@@ -281,7 +291,9 @@ class DeviceBuffer(Owned):
 
     @property
     def ptr(self) -> int:
-        return self._as_parameter_.value
+        """The device address of the memory (HandleClosedError once closed)."""
+        address: int = self._as_parameter_.value
+        return address
 
     def _check_range(self, nbytes: int, offset: int) -> None:
         offset = whole_number(offset, "offset")
@@ -319,10 +331,10 @@ class DeviceBuffer(Owned):
         return f"<DeviceBuffer 0x{self.ptr:x} {self.nbytes} bytes {owner}>"
 
 
-def _check_shape(shape) -> Tuple[int, ...]:
+def _check_shape(shape: Iterable[object]) -> Tuple[int, ...]:
     """A shape as a tuple of whole numbers >= 0 (an error naming `shape` otherwise)."""
     try:
-        dims = tuple(shape)
+        dims: Tuple[Any, ...] = tuple(shape)
     except TypeError:
         raise TypeError(f"shape must be a sequence of whole numbers, got {type(shape).__name__}") from None
     for dim in dims:
@@ -343,7 +355,8 @@ class DeviceArray:
     storage). Reading it back with ``to_numpy`` first waits for work queued on it.
     """
 
-    def __init__(self, buffer: Optional[DeviceBuffer], shape, dtype, strides=None, offset: int = 0):
+    def __init__(self, buffer: Optional[DeviceBuffer], shape: Sequence[int], dtype: npt.DTypeLike,
+                 strides: Optional[Sequence[int]] = None, offset: int = 0) -> None:
         self.buffer = buffer
         self.shape = _check_shape(shape)
         self.dtype = check_device_dtype(dtype)
@@ -353,15 +366,16 @@ class DeviceArray:
             self.strides = tuple(whole_number(s, "strides", 0) for s in strides)
         self.offset = whole_number(offset, "offset")
         self.pending: Optional[Stream] = None   # last stream with queued writes to it
-        self._readers = None                     # plans that read it (told about writes to it)
-        self._tensor = None                      # cached aclTensor for this exact view
+        # plans that read it (told about writes to it), by id
+        self._readers: Optional[Dict[int, "weakref.ReferenceType[Plan]"]] = None
+        self._tensor: Optional[AclTensor] = None   # cached aclTensor for this exact view
         self._dead = False
         self._layout = (self.shape, self.dtype, self.strides, self.offset)
 
     # -- construction --
 
     @classmethod
-    def empty(cls, shape, dtype) -> "DeviceArray":
+    def empty(cls, shape: Sequence[int], dtype: npt.DTypeLike) -> "DeviceArray":
         """Fresh C-contiguous device memory (contents undefined, as on a device)."""
         shape = _check_shape(shape)
         dtype = check_device_dtype(dtype)
@@ -372,7 +386,8 @@ class DeviceArray:
         return cls(DeviceBuffer(nbytes) if nbytes else None, shape, dtype)
 
     @classmethod
-    def wrap(cls, ptr: int, shape, dtype, strides=None, offset: int = 0, nbytes: Optional[int] = None) -> "DeviceArray":
+    def wrap(cls, ptr: int, shape: Sequence[int], dtype: npt.DTypeLike, strides: Optional[Sequence[int]] = None,
+             offset: int = 0, nbytes: Optional[int] = None) -> "DeviceArray":
         """Borrows a foreign device pointer described by shape/dtype/strides/offset (elements)."""
         whole_number(ptr, "ptr", 1, ADDRESS_MAX)
         array = cls(None, shape, dtype, strides, offset)
@@ -393,10 +408,12 @@ class DeviceArray:
 
     @property
     def ndim(self) -> int:
+        """The number of dims."""
         return len(self.shape)
 
     @property
     def size(self) -> int:
+        """The number of elements (the product of the dims)."""
         return math.prod(self.shape)
 
     @property
@@ -408,6 +425,8 @@ class DeviceArray:
 
     @property
     def extent_bytes(self) -> int:
+        """Bytes from the buffer's start to the end of the last element the view touches (0 when
+        empty): how much memory the view needs."""
         return (self.last_index + 1) * self.dtype.itemsize
 
     @property
@@ -419,13 +438,14 @@ class DeviceArray:
 
     @property
     def is_contiguous(self) -> bool:
+        """True for a C-contiguous view that starts at the buffer's start (offset 0)."""
         return self.offset == 0 and self.strides == contiguous_strides(self.shape)
 
-    def layout(self) -> tuple:
+    def layout(self) -> Tuple[Tuple[int, ...], np.dtype, Tuple[int, ...], int]:
         """(shape, dtype, strides, offset): what a plan needs to be the same to rebind it."""
         return self._layout
 
-    def _lives(self) -> tuple:
+    def _lives(self) -> Tuple[Life, ...]:
         """The native handles a launch using this array relies on: its memory (which also holds
         back the close of its tensor handle), or, without memory, its tensor handle."""
         if self.buffer is not None:
@@ -451,12 +471,14 @@ class DeviceArray:
         out = np.empty(self.shape, self.dtype)
         if out.size == 0:
             return out
+        buffer = self.buffer
+        assert buffer is not None   # a non-empty view has memory
         if self.is_contiguous:
-            self.buffer.copy_to_host(out)
+            buffer.copy_to_host(out)
             return out
         start = self.offset * self.dtype.itemsize
         span = np.empty(self.extent_bytes - start, np.uint8)
-        self.buffer.copy_to_host(span, start)
+        buffer.copy_to_host(span, start)
         view = np.lib.stride_tricks.as_strided(
             span.view(self.dtype), self.shape, tuple(s * self.dtype.itemsize for s in self.strides))
         out[...] = view
@@ -472,7 +494,9 @@ class DeviceArray:
             raise ArgumentError("copy_from needs a contiguous DeviceArray")
         self.wait_for_writer()
         if host.size:
-            self.buffer.copy_from_host(host)
+            buffer = self.buffer
+            assert buffer is not None   # a non-empty view has memory
+            buffer.copy_from_host(host)
 
     def close(self) -> None:
         """Kills the array; frees its tensor handle and, when owned, its device memory as soon as
@@ -490,12 +514,13 @@ class DeviceArray:
 
     @property
     def closed(self) -> bool:
+        """True once close() was called on the array or on its buffer."""
         return self._dead or (self.buffer is not None and self.buffer._handle is None)
 
-    def __enter__(self):
+    def __enter__(self) -> "DeviceArray":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:

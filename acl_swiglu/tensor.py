@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ctypes
-from typing import Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -34,8 +34,12 @@ class AclTensor(Owned):
         data = array.ptr if address is None else address
         handle = api.aclCreateTensor(dims, ndim, acl_dtype(array.dtype), strides, array.offset, ACL_FORMAT_ND,
                                      storage, 1, data or None)
-        raw_destroy = api.raw.aclDestroyTensor
-        self._own(handle, lambda handle=handle: raw_destroy(handle))
+        raw_destroy: Callable[[Any], int] = api.raw.aclDestroyTensor
+
+        def release(handle: Any = handle) -> int:
+            return raw_destroy(handle)
+
+        self._own(handle, release)
         self.address = ctypes.cast(handle, ctypes.c_void_p)   # for unprototyped hot-path calls
 
 
@@ -47,13 +51,17 @@ class AclIntArray(Owned):
     def __init__(self, values: Sequence[int]):
         super().__init__()
         api = runtime_api()
-        values = np.ascontiguousarray(values, dtype=np.int64)
-        pointer = values.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)) if values.size else None
-        handle = api.aclCreateIntArray(pointer, values.size)
-        raw_destroy = api.raw.aclDestroyIntArray
-        self._own(handle, lambda handle=handle: raw_destroy(handle))
+        host = np.ascontiguousarray(values, dtype=np.int64)
+        pointer = host.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)) if host.size else None
+        handle = api.aclCreateIntArray(pointer, host.size)
+        raw_destroy: Callable[[Any], int] = api.raw.aclDestroyIntArray
+
+        def release(handle: Any = handle) -> int:
+            return raw_destroy(handle)
+
+        self._own(handle, release)
         self.address = ctypes.cast(handle, ctypes.c_void_p)   # for unprototyped hot-path calls
-        self.values = tuple(int(v) for v in values)
+        self.values = tuple(int(v) for v in host)
 
 
 def tensor_for(array: Optional[DeviceArray]) -> Optional[AclTensor]:
