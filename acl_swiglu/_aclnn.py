@@ -17,7 +17,9 @@ import re
 import threading
 import weakref
 from contextlib import ExitStack
-from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Sequence, Tuple
+from types import SimpleNamespace
+from typing import (TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, NamedTuple, Optional,
+                    Sequence, Tuple)
 
 import numpy as np
 
@@ -25,9 +27,12 @@ from . import _ffi
 from ._device import DeviceArray, DeviceBuffer, Stream, default_stream
 from ._scratch import ArenaLayout, CallScratch, arena_helper, arena_layout
 from .errors import ArgumentError, HandleClosedError, HostMemoryError
-from .runtime import (Owned, at_fork_in_child, close_epoch, free_collected, in_forked_child, pin, runtime_api, unpin,
+from .runtime import (Life, Owned, at_fork_in_child, close_epoch, free_collected, in_forked_child, pin, runtime_api, unpin,
                       used_on)
 from .tensor import AclIntArray, tensor_for
+
+if TYPE_CHECKING:   # (for annotations only: it imports this module)
+    from ._plan import Plan
 
 
 class Slot(NamedTuple):
@@ -41,8 +46,8 @@ class Revision(NamedTuple):
     """One ABI revision of an operator: how Python arguments become C arguments."""
 
     abi: int
-    host_inputs: frozenset   # input slots passed as host int64 values (an aclIntArray read at phase 1)
-    scalars: Callable        # problem -> the scalar C arguments (ctypes values) in C order
+    host_inputs: FrozenSet[str]   # input slots passed as host int64 values (an aclIntArray read at phase 1)
+    scalars: Callable[[Any], Tuple[Any, ...]]   # problem -> the scalar C arguments (ctypes values) in C order
     rules: object            # handed to the operator's validation (rank and shape rules)
 
 
@@ -63,13 +68,13 @@ class OperatorDescription(NamedTuple):
     inputs: Tuple[Slot, ...]
     outputs: Tuple[Slot, ...]
     scalars: Tuple[Slot, ...]
-    phase1_argtypes: tuple
-    validate: Callable
-    host_values: Callable
+    phase1_argtypes: Tuple[Any, ...]   # ctypes types
+    validate: Callable[..., Any]
+    host_values: Callable[[str, Any], Tuple[int, ...]]
     revisions: Mapping[int, Revision]
     revision: Callable[[], int]
 
-    def declarations(self) -> tuple:
+    def declarations(self) -> Tuple[_ffi.Declaration, _ffi.Declaration]:
         """The operator's two C functions, as _ffi rows."""
         return (_ffi.Declaration("operator", self.phase1, _ffi.aclnnStatus, self.phase1_argtypes, _ffi.STATUS,
                                  fast=True),
@@ -103,21 +108,22 @@ class Operator:
         seen = dict.fromkeys(self._c_name_pattern.findall(message))
         return ", ".join(f"{name} is the {self._c_names[name]} argument" for name in seen)
 
-    def check_status(self, api, status: int, symbol: str) -> None:
+    def check_status(self, api: SimpleNamespace, status: int, symbol: str) -> None:
         """Raises for a failed operator call, saying which Python arguments its message means."""
         if status != 0:
             _ffi.raise_status(status, symbol, api.get_message, self.describe_arguments)
 
-    def validate_device(self, arguments: dict, revision: Revision):
+    def validate_device(self, arguments: Dict[str, Any], revision: Revision) -> Any:
         return self.description.validate(arguments, revision, (DeviceArray,), "a DeviceArray", revision.host_inputs,
                                          True)
 
-    def device_arrays(self, arguments: dict, revision: Revision) -> Dict[str, DeviceArray]:
+    def device_arrays(self, arguments: Mapping[str, Any], revision: Revision) -> Dict[str, DeviceArray]:
         """The device-array arguments (given ones only), by slot name."""
         return {name: arguments[name] for name in self.slot_names
                 if arguments.get(name) is not None and name not in revision.host_inputs}
 
-    def phase1(self, api, revision: Revision, problem, handles: Sequence) -> Tuple[ctypes.c_void_p, int]:
+    def phase1(self, api: SimpleNamespace, revision: Revision, problem: Any,
+               handles: Sequence[Any]) -> Tuple[ctypes.c_void_p, int]:
         """Phase 1 on native handles, one per slot in order (an AclTensor / AclIntArray, a raw
         handle, or None): (executor, workspace size). The call goes through the unprototyped
         function with ready ctypes arguments: no per-argument conversions."""
@@ -132,7 +138,7 @@ class Operator:
         return executor, size.value
 
 
-def stream_argument(stream) -> Stream:
+def stream_argument(stream: object) -> Stream:
     """The stream to use: the default one for None; a TypeError or HandleClosedError otherwise."""
     if stream is None:
         return default_stream()
@@ -149,7 +155,7 @@ def check_open(arrays: Mapping[str, Optional[DeviceArray]]) -> None:
             raise HandleClosedError(f"{name} is a closed DeviceArray; its device memory was freed")
 
 
-def wait_for_other_writers(arrays, stream: Stream) -> None:
+def wait_for_other_writers(arrays: Iterable[DeviceArray], stream: Stream) -> None:
     """A launch on `stream` reads these: wait for writes queued on any other stream."""
     for array in arrays:
         pending = array.pending
@@ -157,7 +163,7 @@ def wait_for_other_writers(arrays, stream: Stream) -> None:
             array.wait_for_writer()
 
 
-def mark_written(outputs, stream: Stream) -> None:
+def mark_written(outputs: Iterable[Optional[DeviceArray]], stream: Stream) -> None:
     """Records the stream whose queued work writes these arrays (their readers wait for it)."""
     for array in outputs:
         if array is not None:
@@ -168,13 +174,14 @@ def mark_written(outputs, stream: Stream) -> None:
 
 def note_write(array: DeviceArray, stream: Stream) -> None:
     """Tells the plans reading `array` on another stream to wait for this write."""
-    for reader in list(array._readers.values()):
+    # (callers check that array._readers is set: narrowing it here would cost every launch a test)
+    for reader in list(array._readers.values()):   # type: ignore[union-attr]
         plan = reader()
         if plan is not None and plan.stream is not stream:
             plan._foreign_writes = True
 
 
-def start_reading(array: DeviceArray, plan) -> None:
+def start_reading(array: DeviceArray, plan: Plan) -> None:
     """Registers `plan` as a reader of `array` (kept after a rebinding: a stale reader only
     costs it one extra check)."""
     readers = array._readers
@@ -185,13 +192,13 @@ def start_reading(array: DeviceArray, plan) -> None:
         readers[id(plan)] = weakref.ref(plan)
 
 
-def stop_reading(array: DeviceArray, plan) -> None:
+def stop_reading(array: DeviceArray, plan: Plan) -> None:
     if array._readers is not None:
         array._readers.pop(id(plan), None)
 
 
-def lives_of(arrays) -> list:
-    lives = []
+def lives_of(arrays: Iterable[DeviceArray]) -> List[Life]:
+    lives: List[Life] = []
     for array in arrays:
         lives.extend(array._lives())
     return lives
@@ -207,8 +214,8 @@ class Executor(Owned):
 
     _kind = "Executor"
 
-    def __init__(self, operator: Operator, handle, workspace_size: int, tensors: Sequence[object],
-                 arrays: Dict[str, DeviceArray]):
+    def __init__(self, operator: Operator, handle: Any, workspace_size: int, tensors: Sequence[object],
+                 arrays: Dict[str, DeviceArray]) -> None:
         super().__init__()
         self.workspace_size = int(workspace_size)
         self.repeatable = False
@@ -220,8 +227,12 @@ class Executor(Owned):
         pin(self._pinned)
         self._unpin = weakref.finalize(self, unpin, self._pinned)
         handle = ctypes.cast(handle, _ffi.aclOpExecutor_p)
-        raw_destroy = runtime_api().raw.aclDestroyAclOpExecutor
-        self._own(handle, lambda handle=handle: raw_destroy(handle))
+        raw_destroy: Callable[[Any], int] = runtime_api().raw.aclDestroyAclOpExecutor
+
+        def release(handle: Any = handle) -> int:
+            return raw_destroy(handle)
+
+        self._own(handle, release)
 
     def make_repeatable(self) -> None:
         """aclSetAclOpExecutorRepeatable: keep the executor for many launches."""
@@ -229,7 +240,7 @@ class Executor(Owned):
         runtime_api().aclSetAclOpExecutorRepeatable(self)
         self.repeatable = True
 
-    def launch(self, stream: Optional[Stream] = None, workspace=None) -> None:
+    def launch(self, stream: Optional[Stream] = None, workspace: Optional[DeviceBuffer] = None) -> None:
         """Phase 2 on `stream` (default stream if None). The work runs asynchronously: wait
         with stream.synchronize() or read an output with to_numpy(), which waits for its writer."""
         stream = stream_argument(stream)
@@ -240,7 +251,7 @@ class Executor(Owned):
         finally:
             unpin(own, stream._life)
 
-    def _launch_pinned(self, stream: Stream, workspace) -> None:
+    def _launch_pinned(self, stream: Stream, workspace: Optional[DeviceBuffer]) -> None:
         self.check_open("this Executor (a single-use executor is consumed by its launch)")
         handle = self._as_parameter_
         epoch = close_epoch[0]
@@ -269,7 +280,7 @@ class Executor(Owned):
                 self.check_open("this Executor")   # closed during the launch: the call must not succeed
             check_open(self._arrays)
 
-    def _launch_now(self, handle, workspace_ptr, stream: Stream) -> None:
+    def _launch_now(self, handle: Any, workspace_ptr: Optional[int], stream: Stream) -> None:
         api = runtime_api()
         phase2 = self._operator.description.phase2
         status = getattr(api.hot, phase2)(ctypes.c_void_p(workspace_ptr), ctypes.c_uint64(self.workspace_size),
@@ -286,12 +297,12 @@ class Executor(Owned):
             unpin(self._pinned)
 
 
-def _host_input(operator: Operator, name: str, value, stack: ExitStack):
+def _host_input(operator: Operator, name: str, value: Any, stack: ExitStack) -> AclIntArray:
     """A host-values argument as an aclIntArray (read at phase 1: it can go right after)."""
     return stack.enter_context(AclIntArray(operator.description.host_values(name, value)))
 
 
-def workspace_size(operator: Operator, arguments: dict) -> Executor:
+def workspace_size(operator: Operator, arguments: Dict[str, Any]) -> Executor:
     """Phase 1 on device arrays: the Executor (``.workspace_size`` bytes of workspace needed)."""
     revision = operator.revision()
     problem = operator.validate_device(arguments, revision)
@@ -310,13 +321,13 @@ def workspace_size(operator: Operator, arguments: dict) -> Executor:
     return Executor(operator, executor, size, tensors, arrays)
 
 
-def launch_single_use(operator: Operator, api, executor: ctypes.c_void_p, size: int, stream: Stream) -> None:
+def launch_single_use(operator: Operator, api: SimpleNamespace, executor: ctypes.c_void_p, size: int, stream: Stream) -> None:
     """Phase 2 of a single-use executor (consumed either way) with the stream's workspace."""
-    launch = getattr(api.hot, operator.description.phase2)
+    launch: Callable[..., int] = getattr(api.hot, operator.description.phase2)
     size_argument, stream_address = ctypes.c_uint64(size), stream._address
-    launched = []
+    launched: List[bool] = []
 
-    def run(ptr):
+    def run(ptr: Optional[int]) -> int:
         launched.append(True)
         return launch(ctypes.c_void_p(ptr), size_argument, executor, stream_address)
 
@@ -329,7 +340,7 @@ def launch_single_use(operator: Operator, api, executor: ctypes.c_void_p, size: 
     operator.check_status(api, status, operator.description.phase2)
 
 
-def device_call(operator: Operator, arguments: dict, stream) -> Dict[str, DeviceArray]:
+def device_call(operator: Operator, arguments: Dict[str, Any], stream: Optional[Stream]) -> Dict[str, DeviceArray]:
     """Both phases on device arrays, queued on `stream`; the outputs the call computes (made
     when not given), by name. Does not wait."""
     revision = operator.revision()
@@ -338,6 +349,11 @@ def device_call(operator: Operator, arguments: dict, stream) -> Dict[str, Device
     arrays = operator.device_arrays(arguments, revision)
     check_open(arrays)   # before anything is made
     stream = stream_argument(stream)
+    made: Dict[str, DeviceArray]
+    host_arrays: List[AclIntArray]
+    handles: List[Optional[Owned]]
+    pinned: List[Life]
+    held: List[Life]
     made, host_arrays, handles, pinned, held = {}, [], [], [], []
     outputs = operator.output_names
     computed = problem.outputs
@@ -429,7 +445,7 @@ def release_cached() -> None:
     default_stream().release_workspace()
 
 
-def _native(array):
+def _native(array: Any) -> Any:
     """A NumPy array in native byte order (a converted copy when it is not)."""
     if isinstance(array, np.ndarray) and not array.dtype.isnative:
         return array.astype(array.dtype.newbyteorder("="))
@@ -444,15 +460,15 @@ class _OneShotLayout(NamedTuple):
     arena: ArenaLayout
 
 
-_one_shot_layouts: Dict[tuple, _OneShotLayout] = {}
+_one_shot_layouts: Dict[Tuple[Any, ...], _OneShotLayout] = {}
 _LAYOUT_CACHE_SIZE = 256
 
 
-def _layout_key(operator: Operator, revision: Revision, arguments: Mapping[str, Any]) -> Optional[tuple]:
+def _layout_key(operator: Operator, revision: Revision, arguments: Mapping[str, Any]) -> Optional[Tuple[Any, ...]]:
     """Everything an operator's validation (and a one-shot's arena layout) depends on: types,
     dtypes, shapes, strides, scalar values; None when an argument is of a kind whose checks
     look at more (host values, sequences, subclasses), so they are not cached."""
-    key: list = [operator, revision.abi]
+    key: List[Any] = [operator, revision.abi]
     for value in arguments.values():
         kind = type(value)
         if value is None:
@@ -468,7 +484,7 @@ def _layout_key(operator: Operator, revision: Revision, arguments: Mapping[str, 
     return tuple(key)
 
 
-_device_problems: Dict[tuple, Any] = {}
+_device_problems: Dict[Tuple[Any, ...], Any] = {}
 
 
 def _device_problem(operator: Operator, revision: Revision, arguments: Mapping[str, Any]) -> Any:
@@ -500,14 +516,14 @@ def _one_shot_layout(operator: Operator, revision: Revision, arguments: Mapping[
     return layout
 
 
-def one_shot(operator: Operator, arguments: dict) -> Dict[str, np.ndarray]:
+def one_shot(operator: Operator, arguments: Dict[str, Any]) -> Dict[str, np.ndarray]:
     """Both phases on NumPy arrays: copies to the device, runs, copies back; the outputs the
     call computes, as fresh host arrays by name. Validation and the arena layout are computed
     once per layout of the arguments."""
     revision = operator.revision()
     arguments = {name: _native(value) for name, value in arguments.items()}
     layout = _one_shot_layout(operator, revision, arguments)
-    results = {}
+    results: Dict[str, np.ndarray] = {}
     try:
         for name, (shape, dtype) in layout.problem.outputs.items():
             results[name] = np.empty(shape, dtype)

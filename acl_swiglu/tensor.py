@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, overload
 
 import numpy as np
 
@@ -62,6 +62,18 @@ class AclIntArray(Owned):
         self._own(handle, release)
         self.address = ctypes.cast(handle, ctypes.c_void_p)   # for unprototyped hot-path calls
         self.values = tuple(int(v) for v in host)
+
+
+@overload
+def tensor_for(array: DeviceArray) -> AclTensor: ...
+
+
+@overload
+def tensor_for(array: None) -> None: ...
+
+
+@overload
+def tensor_for(array: Optional[DeviceArray]) -> Optional[AclTensor]: ...
 
 
 def tensor_for(array: Optional[DeviceArray]) -> Optional[AclTensor]:
