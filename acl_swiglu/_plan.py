@@ -14,14 +14,15 @@ import threading
 import weakref
 from contextlib import ExitStack
 from threading import get_ident as _get_ident
-from typing import Any, Dict, Optional, Tuple
+from types import TracebackType
+from typing import Any, Dict, List, Optional, Tuple, Type, TypeVar
 
 from . import _ffi
 from ._aclnn import Executor, Operator, check_open, note_write, start_reading, stop_reading, stream_argument
 from ._device import DeviceArray, DeviceBuffer, Stream
 from ._scratch import helper_library
 from .errors import ArgumentError, HandleClosedError
-from .runtime import at_fork_in_child, close_epoch, in_forked_child, pin, repin, runtime_api, unpin, used_on
+from .runtime import Life, at_fork_in_child, close_epoch, in_forked_child, pin, repin, runtime_api, unpin, used_on
 from .tensor import AclIntArray, AclTensor
 
 
@@ -33,14 +34,14 @@ class _HotLaunch(ctypes.Structure):
                 ("failed", ctypes.c_int32)]
 
 
-_hotpath_function: list = []
+_hotpath_function: List[Optional[Tuple[Any, Any]]] = []   # ctypes functions
 
 
-def _hotpath() -> Any:
+def _hotpath() -> Optional[Tuple[Any, Any]]:
     """(launch, launch + synchronize) from the package's small C helper, or None (then plans
     make the two calls from Python)."""
     if not _hotpath_function:
-        functions = None
+        functions: Optional[Tuple[Any, Any]] = None
         library = helper_library()
         if library is not None:
             try:
@@ -54,9 +55,10 @@ def _hotpath() -> Any:
 
 
 _plans: "weakref.WeakSet[Plan]" = weakref.WeakSet()
+_Self = TypeVar("_Self", bound="Plan")
 
 
-def _no_thread_identity() -> object:
+def _no_thread_identity() -> Any:   # stands in for threading.get_ident
     return object()   # equal to no stored identity
 
 
@@ -74,7 +76,7 @@ def _reset_after_fork() -> None:
 at_fork_in_child(_reset_after_fork)
 
 
-def _let_go(held: Dict[str, tuple], stream_life) -> None:
+def _let_go(held: Dict[str, Tuple[Life, ...]], stream_life: Life) -> None:
     """Unpins everything a plan held (at close(), or when it is garbage-collected)."""
     unpin([life for lives in held.values() for life in lives], stream_life)
     held.clear()
@@ -92,25 +94,25 @@ class Plan:
 
     _operator: Operator   # set by each operator's subclass
 
-    def __init__(self, arguments: dict, stream: Optional[Stream]):
+    def __init__(self, arguments: Dict[str, Any], stream: Optional[Stream]) -> None:
         operator = self._operator
         revision = self._revision = operator.revision()
         problem = self._problem = operator.validate_device(arguments, revision)
         check_open(operator.device_arrays(arguments, revision))
         self.stream = stream_argument(stream)
         self._lock = threading.Lock()
-        self._owner = None
+        self._owner: Optional[int] = None
         self._closed = False
-        self._owned_outputs = []
+        self._owned_outputs: List[DeviceArray] = []
         self._tensors: Dict[str, AclTensor] = {}
         self._executor: Optional[Executor] = None
         self._workspace: Optional[DeviceBuffer] = None
-        self._hot_call = None
-        self._last_thread = None
+        self._hot_call: Optional[Tuple[Any, Any]] = None
+        self._last_thread: Optional[int] = None
         self._foreign_writes = False   # set when another stream writes one of the inputs
         self._arrays: Dict[str, DeviceArray] = {}
         # What the plan holds pinned, by slot (and "stream"); shared with the finalizer.
-        self._held: Dict[str, tuple] = {}
+        self._held: Dict[str, Tuple[Life, ...]] = {}
         self._unpin = weakref.finalize(self, _let_go, self._held, self.stream._life)
         _plans.add(self)
         try:
@@ -121,7 +123,7 @@ class Plan:
                     arguments[name] = DeviceArray.empty(shape, dtype)
                     self._owned_outputs.append(arguments[name])
             self._arrays = operator.device_arrays(arguments, revision)
-            self._slots = {name: None for name in operator.slot_names}
+            self._slots: Dict[str, Optional[DeviceArray]] = {name: None for name in operator.slot_names}
             self._slots.update(self._arrays)
             for name, array in self._arrays.items():
                 self._held[name] = array._lives()
@@ -136,7 +138,7 @@ class Plan:
             self._executor = self._build_executor(self._host_values)
             # The plan's own workspace: no pool lock on the hot path, never swapped under it.
             self._workspace_size = self._executor.workspace_size
-            self._workspace_ptr = None
+            self._workspace_ptr: Optional[int] = None
             if self._workspace_size:
                 self._workspace = DeviceBuffer(self._workspace_size)
                 self._workspace_ptr = self._workspace.ptr
@@ -161,11 +163,11 @@ class Plan:
 
     # -- construction --
 
-    def _address_setters(self) -> dict:
+    def _address_setters(self) -> Dict[str, Tuple[Any, ctypes.c_size_t, ctypes.c_void_p, str]]:
         """For each bound slot: its setter, slot index, tensor and API name, as ctypes wants them."""
         hot = runtime_api().hot
         operator = self._operator
-        setters = {}
+        setters: Dict[str, Tuple[Any, ctypes.c_size_t, ctypes.c_void_p, str]] = {}
         for name, tensor in self._tensors.items():
             output = name in operator.output_names
             index = (operator.output_names if output else operator.input_names).index(name)
@@ -174,7 +176,7 @@ class Plan:
                              ctypes.cast(tensor._as_parameter_, ctypes.c_void_p), api_name)
         return setters
 
-    def _build_executor(self, host_values: dict) -> Executor:
+    def _build_executor(self, host_values: Dict[str, Tuple[int, ...]]) -> Executor:
         """A repeatable executor over the plan's tensors (and these host values)."""
         operator = self._operator
         with ExitStack() as stack:
@@ -191,8 +193,10 @@ class Plan:
         return executor
 
     def _set_launch_args(self) -> None:
+        executor = self._executor
+        assert executor is not None   # built before the launch arguments
         self._launch_args = (ctypes.c_void_p(self._workspace_ptr), ctypes.c_uint64(self._workspace_size),
-                             ctypes.cast(self._executor._as_parameter_, ctypes.c_void_p), self.stream._address)
+                             ctypes.cast(executor._as_parameter_, ctypes.c_void_p), self.stream._address)
         hot = _hotpath()
         if hot is not None:
             self._hot_struct = _HotLaunch(ctypes.cast(self._launch, ctypes.c_void_p).value,
@@ -209,11 +213,14 @@ class Plan:
 
     @property
     def workspace_size(self) -> int:
+        """Bytes of workspace the plan's executor needs (0 once the plan is closed, or when built
+        without an executor)."""
         return self._executor.workspace_size if self._executor is not None else 0
 
     # -- calls --
 
-    def __call__(self, *arrays: DeviceArray, synchronize: bool = False, **named: DeviceArray) -> tuple:
+    def __call__(self, *arrays: DeviceArray, synchronize: bool = False,
+                 **named: DeviceArray) -> Tuple[Optional[DeviceArray], ...]:
         """plan(<inputs>..., *, <outputs>=..., synchronize=False): launches phase 2 with the given
         arrays rebound (others keep their last binding) and returns the bound outputs. The work
         is queued on the plan's stream; with synchronize=True the call also waits for it (one
@@ -290,7 +297,8 @@ class Plan:
             if status:
                 self._raise_launch_failure(status, False)
 
-    def _rebind_all(self, arrays, named) -> None:
+    def _rebind_all(self, arrays: Tuple[Any, ...], named: Dict[str, Any]) -> None:
+        # (each value is a DeviceArray, or host values for a host input; checked below)
         operator = self._operator
         order = operator.input_names
         if len(arrays) > len(order):
@@ -306,7 +314,9 @@ class Plan:
         if self._closed:
             raise HandleClosedError(f"this {type(self).__name__} was closed")
         host_inputs = self._revision.host_inputs
-        host_values = {}
+        host_values: Dict[str, Any] = {}
+        held: List[Life]
+        released: List[Life]
         held, released = [], []
         outputs_changed = False
         try:
@@ -334,7 +344,7 @@ class Plan:
             self._operator.check_status(api, status, self._operator.description.phase2)
         _ffi.raise_status(status, "aclrtSynchronizeStream", api.get_message)
 
-    def _rebind(self, name: str, array: DeviceArray, held: list, released: list) -> None:
+    def _rebind(self, name: str, array: DeviceArray, held: List[Life], released: List[Life]) -> None:
         layout = self._layouts.get(name)
         if layout is None:
             raise ArgumentError(f"the plan was built without {name}; build another plan to use it")
@@ -362,9 +372,9 @@ class Plan:
             if array.pending is not None and array.pending is not self.stream:
                 self._foreign_writes = True   # written on another stream: wait before the launch
 
-    def _regroup(self, host_values: dict) -> None:
+    def _regroup(self, host_values: Dict[str, Any]) -> None:
         describe = self._operator.description.host_values
-        values = {}
+        values: Dict[str, Tuple[int, ...]] = {}
         for name, value in host_values.items():
             if name not in self._host_values:
                 raise ArgumentError(f"the plan was built without {name}; build another plan to use it")
@@ -378,6 +388,7 @@ class Plan:
                 executor.close()
                 raise ArgumentError(f"the new {', '.join(values)} need a larger workspace; build another plan")
             old, self._executor, self._host_values = self._executor, executor, merged
+            assert old is not None   # built with the plan
             self._set_launch_args()
             old.close()   # freed once the stream has passed the launches queued with it
 
@@ -421,12 +432,14 @@ class Plan:
 
     @property
     def closed(self) -> bool:
+        """True once close() was called."""
         return self._closed
 
-    def __enter__(self):
+    def __enter__(self: _Self) -> _Self:
         return self
 
-    def __exit__(self, exc_type, exc, tb):
+    def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
         if exc_type is None:
             self.close()
             return

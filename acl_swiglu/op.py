@@ -149,5 +149,5 @@ class SwigluGroupQuantGradPlan(_plan.Plan):
     @property
     def grad_weight(self) -> Optional[DeviceArray]:
         """The device array the plan writes grad_weight into, or None when the plan has no weight."""
-        return cast(Optional[DeviceArray], self._slots["grad_weight"])
+        return self._slots["grad_weight"]
 
