@@ -252,7 +252,8 @@ class Executor(Owned):
             unpin(own, stream._life)
 
     def _launch_pinned(self, stream: Stream, workspace: Optional[DeviceBuffer]) -> None:
-        self.check_open("this Executor (a single-use executor is consumed by its launch)")
+        self.check_open("this repeatable Executor" if self.repeatable else
+                        "this Executor (a single-use executor is consumed by its launch, or by close())")
         handle = self._as_parameter_
         epoch = close_epoch[0]
         check_open(self._arrays)

@@ -646,8 +646,9 @@ def test_phases_repeatable_executor_and_explicit_workspace(abi):
         assert emulator.live_counts()["executor"] == 1
         executor.close()
         assert emulator.live_counts()["executor"] == 0
-        with pytest.raises(acl_swiglu.HandleClosedError):
+        with pytest.raises(acl_swiglu.HandleClosedError, match="this repeatable Executor was closed") as closed:
             executor.launch(stream)
+        assert "single-use" not in str(closed.value)
 
 
 # ----------------------------------------------------------------------------- plans
