@@ -11,19 +11,7 @@
 #include <time.h>
 
 #include "acl/acl.h"
-
-static double now_us(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e6 + (double)t.tv_nsec * 1e-3;
-}
-
-static int compare_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
+#include "bench_clock.h"
 
 static void fail(const char *what, int status)
 {
@@ -47,8 +35,7 @@ static double cycle_us(size_t size, int copy, int repeats, const void *host)
         if ((rc = aclrtFree(dev)) != 0) fail("aclrtFree", rc);
         samples[r] = now_us() - t0;
     }
-    qsort(samples, (size_t)repeats, sizeof *samples, compare_double);
-    double median = samples[repeats / 2];
+    double median = sorted_median(samples, (size_t)repeats);
     free(samples);
     return median;
 }

@@ -21,6 +21,7 @@
 #include <time.h>
 
 #include "acl/acl.h"
+#include "bench_clock.h"
 #include "aclnnop/aclnn_swiglu_group_quant_grad.h"
 
 #define CHECK(call)                                                                    \
@@ -43,23 +44,10 @@ typedef struct {
     void *host[COUNT];
 } problem;
 
-static double now_us(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e6 + (double)t.tv_nsec * 1e-3;
-}
-
-static int compare_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 static void report(const char *name, double *samples, int n, int last)
 {
-    qsort(samples, (size_t)n, sizeof *samples, compare_double);
-    printf("  \"%s\": {\"median_us\": %.3f, \"min_us\": %.3f}%s\n", name, samples[n / 2], samples[0],
+    double median = sorted_median(samples, (size_t)n);
+    printf("  \"%s\": {\"median_us\": %.3f, \"min_us\": %.3f}%s\n", name, median, samples[0],
            last ? "" : ",");
 }
 
