@@ -105,6 +105,8 @@ class _ArenaHelper(NamedTuple):
     api: "ctypes._Pointer[_ArenaApi]"
 
 
+# ctypes has no public name for the base class of foreign functions, and only its instances are
+# known to be plain C calls (anything else put in their place, such as a wrapper, must see each call).
 _C_FUNCTION: type = getattr(ctypes, "_CFuncPtr")
 _arena_helpers: Dict[int, Tuple[Any, Tuple[Any, ...], Optional[_ArenaHelper]]] = {}
 
