@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import glob
+import grp
 import os
 import platform
 import pwd
@@ -191,6 +192,19 @@ def _owner_name(uid: int) -> str:
         return "no such user"
 
 
+def _group_is_the_owner_alone(gid: int, uid: int) -> bool:
+    """True when no user but `uid` is in group `gid` (a user private group, as umask 002 systems
+    give every user): group write then lets nobody else write."""
+    try:
+        owner = pwd.getpwuid(uid).pw_name
+        members = set(grp.getgrgid(gid).gr_mem)
+    except KeyError:
+        return False
+    if members - {owner}:
+        return False
+    return all(user.pw_uid == uid for user in pwd.getpwall() if user.pw_gid == gid)
+
+
 def path_problem(path: str, info: os.stat_result) -> Optional[str]:
     """Why a file or directory is unsafe to load code through, or None when it is fine."""
     me = os.geteuid()
@@ -199,6 +213,8 @@ def path_problem(path: str, info: os.stat_result) -> Optional[str]:
                 f"current user (uid {me})")
     writable = [who for who, bit in (("group", stat.S_IWGRP), ("other users", stat.S_IWOTH))
                 if info.st_mode & bit]
+    if writable == ["group"] and _group_is_the_owner_alone(info.st_gid, info.st_uid):
+        writable = []
     if writable and not (stat.S_ISDIR(info.st_mode) and info.st_mode & stat.S_ISVTX):
         kind = "directory" if stat.S_ISDIR(info.st_mode) else "file"
         return (f"{path}: {kind} writable by {' and '.join(writable)} "

@@ -10,7 +10,9 @@ paths are refused before anything is looked at.
 
 from __future__ import annotations
 
+import grp
 import os
+import pwd
 import shutil
 import stat
 from pathlib import Path
@@ -40,6 +42,31 @@ def assert_refused(result: dict, root: Path, *fragments: str) -> str:
     return err["message"]
 
 
+def shared_gid():
+    """A group that some other user belongs to (group write through it lets that user write)."""
+    me = os.geteuid()
+    for user in pwd.getpwall():
+        if user.pw_uid not in (0, me):
+            return user.pw_gid
+    for group in grp.getgrall():
+        if any(name != pwd.getpwuid(me).pw_name for name in group.gr_mem):
+            return group.gr_gid
+    pytest.skip("this machine has no user but root and the current one, so no group can be shared")
+
+
+def share_group(path: Path) -> None:
+    os.chown(path, -1, shared_gid())   # root (the tests' user here) may give a file any group
+
+
+def private_gid():
+    """The current user's own group when nobody else is in it, else None."""
+    me = pwd.getpwuid(os.geteuid())
+    gid = me.pw_gid
+    members = set(grp.getgrgid(gid).gr_mem) - {me.pw_name}
+    others = [u for u in pwd.getpwall() if u.pw_gid == gid and u.pw_uid != me.pw_uid]
+    return None if members or others else gid
+
+
 # ---- modes ----
 
 WHERE = {"root": "", "lib64": "lib64", "operator": "lib64/libopapi.so", "runtime": "lib64/libascendcl.so"}
@@ -52,6 +79,7 @@ def test_a_file_or_directory_others_may_write_is_refused(tmp_path, fake_libs, wh
     root = standard_root(tmp_path, fake_libs)
     target = root / WHERE[where]
     bit, who = UNSAFE_BITS[unsafe]
+    share_group(target)
     target.chmod(stat.S_IMODE(target.stat().st_mode) | bit)
     mode = f"{stat.S_IMODE(target.stat().st_mode):04o}"
     result = discover(tmp_path, ASCEND_HOME_PATH=root)
@@ -130,6 +158,7 @@ def test_a_foreign_group_with_no_write_bit_is_fine(tmp_path, fake_libs):
 
 def test_trust_variable_loads_with_a_warning_naming_what_was_accepted(tmp_path, fake_libs):
     root = standard_root(tmp_path, fake_libs)
+    share_group(root / "lib64")
     (root / "lib64").chmod(0o775)
     (root / "lib64/libopapi.so").chmod(0o666)
     result = discover(tmp_path, ASCEND_HOME_PATH=root, ACL_SWIGLU_TRUST_LIBS="1")
@@ -313,6 +342,22 @@ def test_an_emulator_build_others_may_write_is_refused(tmp_path, installed):
     lib64 = tmp_path / "emu" / "lib64"
     shutil.copytree(installed["lib64"], lib64)
     safe_modes(tmp_path / "emu")
+    share_group(lib64 / "libnnopbase.so")
     (lib64 / "libnnopbase.so").chmod(0o664)
     result = discover(tmp_path, ACL_SWIGLU_BACKEND="emulator", ACL_SWIGLU_EMULATOR_DIR=lib64)
     assert_refused(result, tmp_path / "emu", f"{lib64 / 'libnnopbase.so'}: file writable by group (mode 0664)")
+
+
+def test_group_write_through_the_owners_own_group_is_accepted(tmp_path, fake_libs):
+    """umask 002 systems give every user a group of their own: group write through it lets
+    nobody else write, so such an install loads without ACL_SWIGLU_TRUST_LIBS."""
+    gid = private_gid()
+    if gid is None:
+        pytest.skip("the current user's group has other members here")
+    root = standard_root(tmp_path, fake_libs)
+    for path in (root, root / "lib64", root / "lib64/libopapi.so"):
+        os.chown(path, -1, gid)
+    (root / "lib64").chmod(0o775)
+    (root / "lib64/libopapi.so").chmod(0o664)
+    info = expect_info(discover(tmp_path, ASCEND_HOME_PATH=root))
+    assert info["trust"]["ran"] and info["trust"]["enforced"] and info["trust"]["problems"] == []
