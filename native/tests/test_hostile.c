@@ -42,7 +42,12 @@ static void test_reused_tensor_address_is_not_the_phase1_handle(void)
         CHECK(t != NULL);
         if (t == old) again = t; else spare[spares++] = t;
     }
+#ifdef __SANITIZE_ADDRESS__
+    /* AddressSanitizer holds freed blocks in quarantine, so no address is handed out again in
+     * that build; the dead handle itself is refused in test_hardening. */
+#else
     CHECK(again != NULL);
+#endif
     if (again != NULL) {
         CHECK_FAILS(aclSetInputTensorAddr(ex, 0, again, p.dgy), ACLNN_ERR_PARAM_INVALID,
                     "aclSetInputTensorAddr", "phase 1");
