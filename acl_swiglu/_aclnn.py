@@ -96,6 +96,12 @@ class Operator:
         self.input_names = tuple(slot.name for slot in description.inputs)
         self.output_names = tuple(slot.name for slot in description.outputs)
         self.slot_names = self.input_names + self.output_names
+        self.input_count = len(self.input_names)
+        self.scalar_names = tuple(slot.name for slot in description.scalars)
+        self.argument_names = self.slot_names + self.scalar_names
+        self.slot_count = len(self.slot_names)
+        self.device_recipes: Dict[Tuple[Any, ...], _DeviceRecipe] = {}   # by _layout_key
+        self.one_shot_layouts: Dict[Tuple[Any, ...], _OneShotLayout] = {}
         c_names = {slot.c_name: slot.name for slot in description.inputs + description.outputs + description.scalars}
         self._c_names = c_names
         self._c_name_pattern = re.compile(r"\b(" + "|".join(map(re.escape, c_names)) + r")\b")
@@ -116,6 +122,10 @@ class Operator:
     def validate_device(self, arguments: Dict[str, Any], revision: Revision) -> Any:
         return self.description.validate(arguments, revision, (DeviceArray,), "a DeviceArray", revision.host_inputs,
                                          True)
+
+    def arrays_of(self, arguments: Mapping[str, Any]) -> Dict[str, Any]:
+        """The tensor arguments, by slot name."""
+        return {name: arguments.get(name) for name in self.slot_names}
 
     def device_arrays(self, arguments: Mapping[str, Any], revision: Revision) -> Dict[str, DeviceArray]:
         """The device-array arguments (given ones only), by slot name."""
@@ -341,15 +351,97 @@ def launch_single_use(operator: Operator, api: SimpleNamespace, executor: ctypes
     operator.check_status(api, status, operator.description.phase2)
 
 
-def device_call(operator: Operator, arguments: Dict[str, Any], stream: Optional[Stream]) -> Dict[str, DeviceArray]:
+def device_call(operator: Operator, values: Sequence[Any], stream: Optional[Stream]) -> Dict[str, DeviceArray]:
     """Both phases on device arrays, queued on `stream`; the outputs the call computes (made
-    when not given), by name. Does not wait."""
+    when not given), by name. Does not wait. `values` are the arguments in the order of
+    ``operator.argument_names`` (the slots, then the scalars).
+
+    The common case has a lean path: every array an open DeviceArray whose tensor exists, every
+    output given, a layout validated before. It makes one pass over the arguments and takes one
+    lock each way; anything else goes through the general path, which does the same and more."""
     revision = operator.revision()
-    problem = _device_problem(operator, revision, arguments)
+    if stream is None:
+        stream = default_stream()
+    elif type(stream) is not Stream or stream._handle is None:
+        stream = stream_argument(stream)
+    epoch = close_epoch[0]   # (before the open checks: a close from here on shows in it)
+    key: List[Any] = [revision.abi]
+    handles: List[Any] = []
+    lives: List[Life] = []
+    inputs = operator.input_count
+    slots = operator.slot_count
+    lean = True
+    for index in range(slots):
+        array = values[index]
+        if array is None:
+            key.append(None)
+            handles.append(None)
+            continue
+        bound = array._bound if type(array) is DeviceArray else None
+        if bound is None or bound[1].closed:
+            lean = False
+            break
+        key.append(array._layout_id)
+        handles.append(bound[0])
+        lives.append(bound[1])
+        if index < inputs:
+            pending = array.pending
+            if pending is not None and pending is not stream:
+                array.wait_for_writer()   # written on another stream
+    recipe = None
+    if lean:
+        for value in values[slots:]:
+            kind = type(value)
+            if value is None:
+                key.append(None)
+            elif kind is float or kind is int or kind is bool:
+                key.append((kind, value))
+            else:
+                break
+        else:
+            recipe = operator.device_recipes.get(tuple(key))
+    if recipe is None or not recipe.complete:
+        return _general_device_call(operator, revision, dict(zip(operator.argument_names, values)), stream)
+    workspace = stream._workspace
+    if workspace is not None:
+        lives.append(workspace._life)
+    pin(lives)   # a close() from another thread now waits for the end of this call
+    try:
+        if close_epoch[0] != epoch:
+            check_open(dict(zip(operator.slot_names, values)))
+        api = runtime_api()
+        size = ctypes.c_uint64()
+        executor = ctypes.c_void_p()
+        status = getattr(api.hot, operator.description.phase1)(
+            *handles[:inputs], *recipe.scalars, *handles[inputs:], ctypes.byref(size), ctypes.byref(executor))
+        if status:
+            operator.check_status(api, status, operator.description.phase1)
+        nbytes = size.value
+        # (pinned and open: the memory stays until the stream is past this work, even if the
+        # pool replaces it meanwhile)
+        address = None if workspace is None else workspace._handle
+        if nbytes and (address is None or workspace._life.closed or workspace.nbytes < nbytes):
+            launch_single_use(operator, api, executor, nbytes, stream)
+        else:
+            status = getattr(api.hot, operator.description.phase2)(
+                address if nbytes else None, ctypes.c_uint64(nbytes), executor, stream._address)
+            if status:
+                operator.check_status(api, status, operator.description.phase2)
+        results = {name: values[index] for name, index in recipe.outputs}
+        mark_written(results.values(), stream)
+    finally:
+        unpin(lives, stream._life)
+    if close_epoch[0] != epoch:
+        check_open(dict(zip(operator.slot_names, values)))   # closed by another thread during the call: it must not succeed
+    return results
+
+
+def _general_device_call(operator: Operator, revision: Revision, arguments: Dict[str, Any],
+                         stream: Stream) -> Dict[str, DeviceArray]:
+    problem = _device_recipe(operator, revision, arguments).problem
     epoch = close_epoch[0]
     arrays = operator.device_arrays(arguments, revision)
     check_open(arrays)   # before anything is made
-    stream = stream_argument(stream)
     made: Dict[str, DeviceArray]
     host_arrays: List[AclIntArray]
     handles: List[Optional[Owned]]
@@ -461,21 +553,22 @@ class _OneShotLayout(NamedTuple):
     arena: ArenaLayout
 
 
-_one_shot_layouts: Dict[Tuple[Any, ...], _OneShotLayout] = {}
 _LAYOUT_CACHE_SIZE = 256
 
 
 def _layout_key(operator: Operator, revision: Revision, arguments: Mapping[str, Any]) -> Optional[Tuple[Any, ...]]:
     """Everything an operator's validation (and a one-shot's arena layout) depends on: types,
-    dtypes, shapes, strides, scalar values; None when an argument is of a kind whose checks
-    look at more (host values, sequences, subclasses), so they are not cached."""
-    key: List[Any] = [operator, revision.abi]
-    for value in arguments.values():
+    dtypes, shapes, strides, scalar values, in argument order; None when an argument is of a
+    kind whose checks look at more (host values, sequences, subclasses), so they are not cached.
+    (Each operator has its own caches: the operator is not part of the key.)"""
+    key: List[Any] = [revision.abi]
+    for name in operator.argument_names:
+        value = arguments.get(name)
         kind = type(value)
         if value is None:
             key.append(None)
         elif kind is DeviceArray:
-            key.append(value._layout)
+            key.append(value._layout_id)
         elif kind is np.ndarray:
             key.append((value.dtype, value.shape, value.strides))
         elif kind is float or kind is int or kind is bool:
@@ -485,25 +578,37 @@ def _layout_key(operator: Operator, revision: Revision, arguments: Mapping[str, 
     return tuple(key)
 
 
-_device_problems: Dict[Tuple[Any, ...], Any] = {}
+class _DeviceRecipe(NamedTuple):
+    """What a device-level call with one layout of arguments needs from its validation."""
+
+    problem: Any
+    scalars: Tuple[Any, ...]   # the scalar C arguments, ready for the call
+    outputs: Tuple[Tuple[str, int], ...]   # the outputs the call computes, with their argument positions
+    complete: bool             # every one of them given, and no host-values argument
 
 
-def _device_problem(operator: Operator, revision: Revision, arguments: Mapping[str, Any]) -> Any:
-    """The validated problem of a device-level call, computed once per layout of its arguments."""
+def _device_recipe(operator: Operator, revision: Revision, arguments: Mapping[str, Any]) -> _DeviceRecipe:
+    """Validates a device-level call, once per layout of its arguments."""
     key = _layout_key(operator, revision, arguments)
-    problem = _device_problems.get(key) if key is not None else None
-    if problem is None:
+    recipes = operator.device_recipes
+    recipe = recipes.get(key) if key is not None else None
+    if recipe is None:
         problem = operator.validate_device(dict(arguments), revision)
+        complete = all(arguments.get(name) is not None for name in problem.outputs) and not any(
+            arguments.get(name) is not None for name in revision.host_inputs)
+        outputs = tuple((name, operator.argument_names.index(name)) for name in problem.outputs)
+        recipe = _DeviceRecipe(problem, tuple(revision.scalars(problem)), outputs, complete)
         if key is not None:
-            if len(_device_problems) >= _LAYOUT_CACHE_SIZE:
-                _device_problems.clear()
-            _device_problems[key] = problem
-    return problem
+            if len(recipes) >= _LAYOUT_CACHE_SIZE:
+                recipes.clear()
+            recipes[key] = recipe
+    return recipe
 
 
 def _one_shot_layout(operator: Operator, revision: Revision, arguments: Mapping[str, Any]) -> _OneShotLayout:
     key = _layout_key(operator, revision, arguments)
-    layout = _one_shot_layouts.get(key) if key is not None else None
+    layouts = operator.one_shot_layouts
+    layout = layouts.get(key) if key is not None else None
     if layout is None:
         problem = operator.description.validate(arguments, revision, (np.ndarray,), "a numpy.ndarray", (), False)
         inputs = [(name, arguments[name]) for name in operator.input_names
@@ -511,9 +616,9 @@ def _one_shot_layout(operator: Operator, revision: Revision, arguments: Mapping[
         outputs = [(name, tuple(shape), np.dtype(dtype)) for name, (shape, dtype) in problem.outputs.items()]
         layout = _OneShotLayout(problem, arena_layout(inputs, outputs))
         if key is not None:
-            if len(_one_shot_layouts) >= _LAYOUT_CACHE_SIZE:
-                _one_shot_layouts.clear()
-            _one_shot_layouts[key] = layout
+            if len(layouts) >= _LAYOUT_CACHE_SIZE:
+                layouts.clear()
+            layouts[key] = layout
     return layout
 
 

@@ -9,6 +9,7 @@ closed since. Device memory is never freed under queued work (see runtime.Life).
 from __future__ import annotations
 
 import ctypes
+import itertools
 import math
 import threading
 import weakref
@@ -347,6 +348,22 @@ def _check_shape(shape: Iterable[object]) -> Tuple[int, ...]:
     return tuple(int(d) for d in dims)
 
 
+_layout_ids: Dict[Tuple[Any, ...], int] = {}
+_next_layout_id = itertools.count(1)
+_LAYOUT_IDS_KEPT = 4096
+
+
+def layout_id(layout: Tuple[Any, ...]) -> int:
+    """A number that stands for exactly this layout: a call's cache key is then a tuple of ints,
+    cheap to hash. Numbers are never reused, so forgetting them only costs cache misses."""
+    number = _layout_ids.get(layout)
+    if number is None:
+        if len(_layout_ids) >= _LAYOUT_IDS_KEPT:
+            _layout_ids.clear()
+        number = _layout_ids[layout] = next(_next_layout_id)
+    return number
+
+
 class DeviceArray:
     """A typed, strided view of device memory: what a tensor argument of an operator is.
 
@@ -369,8 +386,11 @@ class DeviceArray:
         # plans that read it (told about writes to it), by id
         self._readers: Optional[Dict[int, "weakref.ReferenceType[Plan]"]] = None
         self._tensor: Optional[AclTensor] = None   # cached aclTensor for this exact view
+        # (its address, the life a call pins), set with _tensor: what a device-level call needs
+        self._bound: Optional[Tuple[ctypes.c_void_p, Life]] = None
         self._dead = False
         self._layout = (self.shape, self.dtype, self.strides, self.offset)
+        self._layout_id = layout_id(self._layout)
 
     # -- construction --
 
@@ -502,6 +522,7 @@ class DeviceArray:
         """Kills the array; frees its tensor handle and, when owned, its device memory as soon as
         no plan, executor or queued work uses them."""
         self._dead = True
+        self._bound = None
         tensor, self._tensor = self._tensor, None
         buffer = self.buffer
         if tensor is not None:
