@@ -25,7 +25,7 @@ import numpy as np
 
 from . import _ffi
 from ._device import DeviceArray, DeviceBuffer, Stream, default_stream
-from ._scratch import ArenaLayout, CallScratch, arena_helper, arena_layout
+from ._scratch import STEP_LAUNCH, ArenaCall, ArenaHelper, ArenaLayout, CallScratch, arena_helper, arena_layout, host_address
 from .errors import ArgumentError, HandleClosedError, HostMemoryError
 from .runtime import (Life, Owned, at_fork_in_child, close_epoch, free_collected, in_forked_child, pin, runtime_api, unpin,
                       used_on)
@@ -189,6 +189,7 @@ def note_write(array: DeviceArray, stream: Stream) -> None:
         plan = reader()
         if plan is not None and plan.stream is not stream:
             plan._foreign_writes = True
+            plan._checked_at = -1   # (after the flag: the plan's next call sees both)
 
 
 def start_reading(array: DeviceArray, plan: Plan) -> None:
@@ -545,25 +546,13 @@ def _native(array: Any) -> Any:
     return array
 
 
-class _OneShotLayout(NamedTuple):
-    """What a one-shot call with one layout of arguments needs before any data moves: the
-    validated problem and where each array goes in the call's arena."""
-
-    problem: Any
-    arena: ArenaLayout
-
-
-_LAYOUT_CACHE_SIZE = 256
-
-
-def _layout_key(operator: Operator, revision: Revision, arguments: Mapping[str, Any]) -> Optional[Tuple[Any, ...]]:
+def _layout_key(revision: Revision, values: Sequence[Any]) -> Optional[Tuple[Any, ...]]:
     """Everything an operator's validation (and a one-shot's arena layout) depends on: types,
     dtypes, shapes, strides, scalar values, in argument order; None when an argument is of a
     kind whose checks look at more (host values, sequences, subclasses), so they are not cached.
     (Each operator has its own caches: the operator is not part of the key.)"""
     key: List[Any] = [revision.abi]
-    for name in operator.argument_names:
-        value = arguments.get(name)
+    for value in values:
         kind = type(value)
         if value is None:
             key.append(None)
@@ -578,6 +567,13 @@ def _layout_key(operator: Operator, revision: Revision, arguments: Mapping[str, 
     return tuple(key)
 
 
+def _remember(cache: Dict[Tuple[Any, ...], Any], key: Optional[Tuple[Any, ...]], entry: Any) -> None:
+    if key is not None:
+        if len(cache) >= _LAYOUT_CACHE_SIZE:
+            cache.clear()
+        cache[key] = entry
+
+
 class _DeviceRecipe(NamedTuple):
     """What a device-level call with one layout of arguments needs from its validation."""
 
@@ -589,81 +585,150 @@ class _DeviceRecipe(NamedTuple):
 
 def _device_recipe(operator: Operator, revision: Revision, arguments: Mapping[str, Any]) -> _DeviceRecipe:
     """Validates a device-level call, once per layout of its arguments."""
-    key = _layout_key(operator, revision, arguments)
-    recipes = operator.device_recipes
-    recipe = recipes.get(key) if key is not None else None
+    key = _layout_key(revision, [arguments.get(name) for name in operator.argument_names])
+    recipe = operator.device_recipes.get(key) if key is not None else None
     if recipe is None:
         problem = operator.validate_device(dict(arguments), revision)
         complete = all(arguments.get(name) is not None for name in problem.outputs) and not any(
             arguments.get(name) is not None for name in revision.host_inputs)
         outputs = tuple((name, operator.argument_names.index(name)) for name in problem.outputs)
         recipe = _DeviceRecipe(problem, tuple(revision.scalars(problem)), outputs, complete)
-        if key is not None:
-            if len(recipes) >= _LAYOUT_CACHE_SIZE:
-                recipes.clear()
-            recipes[key] = recipe
+        _remember(operator.device_recipes, key, recipe)
     return recipe
 
 
-def _one_shot_layout(operator: Operator, revision: Revision, arguments: Mapping[str, Any]) -> _OneShotLayout:
-    key = _layout_key(operator, revision, arguments)
-    layouts = operator.one_shot_layouts
-    layout = layouts.get(key) if key is not None else None
+class _OneShotLayout(NamedTuple):
+    """What a one-shot call with one layout of arguments needs before any data moves: the
+    validated problem and where each array goes in the call's arena."""
+
+    problem: Any
+    arena: ArenaLayout
+    inputs: Tuple[int, ...]   # the argument position of each arena input, in arena order
+    slots: Tuple[int, ...]    # per operator slot: its arena index, or -1
+    host_inputs: Tuple[Tuple[int, str], ...]   # (slot position, name) of each host-values argument given
+    outputs: Tuple[Tuple[str, Tuple[int, ...], np.dtype], ...]   # the results, in arena order
+    convert: bool             # an array is not in native byte order: convert it first
+    stage: bool               # an input's strides cannot go to the device: copy it in C order first
+
+
+_LAYOUT_CACHE_SIZE = 256
+
+
+def _one_shot_layout(operator: Operator, revision: Revision, values: Sequence[Any]) -> _OneShotLayout:
+    key = _layout_key(revision, values)
+    layout = operator.one_shot_layouts.get(key) if key is not None else None
     if layout is None:
+        convert = any(isinstance(v, np.ndarray) and not v.dtype.isnative for v in values)
+        arguments = dict(zip(operator.argument_names, (_native(v) for v in values)))
         problem = operator.description.validate(arguments, revision, (np.ndarray,), "a numpy.ndarray", (), False)
-        inputs = [(name, arguments[name]) for name in operator.input_names
-                  if arguments.get(name) is not None and name not in revision.host_inputs]
-        outputs = [(name, tuple(shape), np.dtype(dtype)) for name, (shape, dtype) in problem.outputs.items()]
-        layout = _OneShotLayout(problem, arena_layout(inputs, outputs))
-        if key is not None:
-            if len(layouts) >= _LAYOUT_CACHE_SIZE:
-                layouts.clear()
-            layouts[key] = layout
+        positions = [position for position, name in enumerate(operator.input_names)
+                     if arguments.get(name) is not None and name not in revision.host_inputs]
+        inputs = [(operator.input_names[p], arguments[operator.input_names[p]]) for p in positions]
+        outputs = tuple((name, tuple(shape), np.dtype(dtype)) for name, (shape, dtype) in problem.outputs.items())
+        arena = arena_layout(inputs, outputs)
+        order = [name for name, _ in arena.inputs] + [name for name, _ in arena.outputs]
+        slots = tuple(order.index(name) if name in order else -1 for name in operator.slot_names)
+        host_inputs = tuple((position, name) for position, name in enumerate(operator.slot_names)
+                            if name in revision.host_inputs and arguments.get(name) is not None)
+        stage = any(placement.make_contiguous for _, placement in arena.inputs)
+        layout = _OneShotLayout(problem, arena, tuple(positions), slots, host_inputs, outputs, convert, stage)
+        _remember(operator.one_shot_layouts, key, layout)
     return layout
 
 
-def one_shot(operator: Operator, arguments: Dict[str, Any]) -> Dict[str, np.ndarray]:
+def one_shot(operator: Operator, values: Sequence[Any]) -> Dict[str, np.ndarray]:
     """Both phases on NumPy arrays: copies to the device, runs, copies back; the outputs the
-    call computes, as fresh host arrays by name. Validation and the arena layout are computed
-    once per layout of the arguments."""
+    call computes, as fresh host arrays by name. `values` are the arguments in the order of
+    ``operator.argument_names`` (None for the outputs). Validation and the arena layout are
+    computed once per layout of the arguments."""
     revision = operator.revision()
-    arguments = {name: _native(value) for name, value in arguments.items()}
-    layout = _one_shot_layout(operator, revision, arguments)
-    results: Dict[str, np.ndarray] = {}
+    layout = _one_shot_layout(operator, revision, values)
+    if layout.convert:
+        values = [_native(value) for value in values]
+    results: List[np.ndarray] = []
     try:
-        for name, (shape, dtype) in layout.problem.outputs.items():
-            results[name] = np.empty(shape, dtype)
+        for name, shape, dtype in layout.outputs:
+            results.append(np.empty(shape, dtype))
     except MemoryError:
         raise HostMemoryError(f"the result {name} has shape {shape}: it needs {math.prod(shape) * dtype.itemsize} "
                               "bytes, more than this host can allocate") from None
     stream = thread_stream()
     api = runtime_api()
+    helper = arena_helper(api, operator.description.phase2)
+    if helper is not None:
+        _one_shot_native(operator, revision, layout, values, results, api, helper, stream)
+    else:
+        _one_shot_steps(operator, revision, layout, values, results, api, stream)
+    return {output[0]: result for output, result in zip(layout.outputs, results)}
+
+
+def _one_shot_native(operator: Operator, revision: Revision, layout: _OneShotLayout, values: Sequence[Any],
+                     results: List[np.ndarray], api: SimpleNamespace, helper: ArenaHelper, stream: Stream) -> None:
+    """The one-shot call through the C helper: the arena and every copy in and tensor in one
+    call, phase 1, then phase 2, the synchronisation, the copies back and every release in
+    another. The arena holds the workspace too, sized by the last call with this layout."""
     arena = layout.arena
-    helper = arena_helper(api)
+    hosts = [values[position] for position in layout.inputs]
+    if layout.stage:
+        hosts = [np.ascontiguousarray(host) if placement.make_contiguous else host
+                 for host, (_, placement) in zip(hosts, arena.inputs)]
+    count = arena.arrays
+    first_output = len(arena.inputs)
+    capacity = arena.workspace[0]
+    slots = arena.slots(*[host_address(host) for host in hosts], *[host_address(result) for result in results])
+    call = ArenaCall(None, arena.size + capacity, arena.size, capacity, 0, 0, ctypes.addressof(slots))
+    status = helper.open(helper.api, arena.native, count, first_output, ctypes.byref(call))
+    if status:
+        helper.raise_failure(api, call, status)
+    buffer: Optional[DeviceBuffer] = None
+    try:
+        handles: List[Any] = [None if index < 0 else ctypes.c_void_p(slots[count + index]) for index in layout.slots]
+        if layout.host_inputs:
+            with ExitStack() as stack:
+                for position, name in layout.host_inputs:   # read by phase 1: freed right after it
+                    handles[position] = _host_input(operator, name, values[position], stack).address
+                executor, size = operator.phase1(api, revision, layout.problem, handles)
+        else:
+            executor, size = operator.phase1(api, revision, layout.problem, handles)
+        if size > capacity:
+            arena.workspace[0] = max(arena.workspace[0], size)   # the next call's arena holds it
+            try:
+                buffer = stream._take_workspace(size)
+            except BaseException:
+                api.raw.aclDestroyAclOpExecutor(ctypes.cast(executor, _ffi.aclOpExecutor_p))
+                raise
+    except BaseException:
+        if helper.close(helper.api, count, ctypes.byref(call)):
+            _ffi.drop_message(api.get_message)   # the error being raised is the one to report
+        raise
+    try:
+        status = helper.finish(helper.api, arena.native, count, first_output, ctypes.byref(call), executor, size,
+                               None if buffer is None else buffer._handle, stream._address)
+    finally:
+        if buffer is not None:
+            unpin((buffer._life,), stream._life)
+    if status:
+        if call.step == STEP_LAUNCH:
+            operator.check_status(api, status, operator.description.phase2)
+        helper.raise_failure(api, call, status)
+
+
+def _one_shot_steps(operator: Operator, revision: Revision, layout: _OneShotLayout, values: Sequence[Any],
+                    results: List[np.ndarray], api: SimpleNamespace, stream: Stream) -> None:
+    """The one-shot call with one ctypes call per step (when the C helper is not there, or the
+    ACL functions are wrapped)."""
+    arena = layout.arena
     with CallScratch(api) as scratch:
         scratch.allocate_layout(arena)
-        if helper is not None:   # every copy in and every tensor in one C call
-            hosts = [np.ascontiguousarray(arguments[name]) if placement.make_contiguous else arguments[name]
-                     for name, placement in arena.inputs]
-            tensors = scratch.place_all(helper, arena, hosts + [None] * len(arena.outputs))
-            placed = dict(zip([name for name, _ in arena.inputs + arena.outputs], tensors))
-        else:
-            placed = {name: scratch.place(placement, arguments[name]) for name, placement in arena.inputs}
-            for name, placement in arena.outputs:
-                placed[name] = scratch.place(placement)
-        handles = []
-        for name in operator.slot_names:
-            if name in revision.host_inputs and arguments.get(name) is not None:
-                handles.append(scratch.int_array(arguments[name]))
-            else:
-                handles.append(placed.get(name))
+        placed = [scratch.place(placement, values[position])
+                  for position, (_, placement) in zip(layout.inputs, arena.inputs)]
+        placed += [scratch.place(placement) for _, placement in arena.outputs]
+        handles: List[Any] = [None if index < 0 else placed[index] for index in layout.slots]
+        for position, name in layout.host_inputs:
+            handles[position] = scratch.int_array(values[position])
         executor, size = operator.phase1(api, revision, layout.problem, handles)
         scratch.drain = stream._address
         launch_single_use(operator, api, executor, size, stream)
         _ffi.check(api, api.hot.aclrtSynchronizeStream(stream._address), "aclrtSynchronizeStream")
-        if helper is not None:
-            scratch.fetch_all(arena, [None] * len(arena.inputs) + [results[name] for name, _ in arena.outputs])
-        else:
-            for name, placement in arena.outputs:
-                scratch.fetch(placement, results[name])
-    return results
+        for (_, placement), result in zip(arena.outputs, results):
+            scratch.fetch(placement, result)

@@ -15,7 +15,7 @@ import weakref
 from contextlib import ExitStack
 from threading import get_ident as _get_ident
 from types import TracebackType
-from typing import Any, Dict, List, Optional, Tuple, Type, TypeVar
+from typing import Any, Callable, Dict, List, Optional, Tuple, Type, TypeVar
 
 from . import _ffi
 from ._aclnn import Executor, Operator, check_open, note_write, start_reading, stop_reading, stream_argument
@@ -203,8 +203,12 @@ class Plan:
                                           ctypes.cast(self._synchronize, ctypes.c_void_p).value,
                                           self._workspace_ptr, self._workspace_size, self._launch_args[2].value,
                                           self.stream._address.value)
-            self._hot_arguments = ctypes.byref(self._hot_struct)
+            self._call_arguments: Any = ctypes.byref(self._hot_struct)
             self._hot_call = hot
+            self._calls: Tuple[Callable[[Any], int], Callable[[Any], int]] = hot
+        else:
+            self._call_arguments = None
+            self._calls = (self._launch_from_python, self._launch_synchronize_from_python)
 
     def _set_outputs(self) -> None:
         slots = self._slots
@@ -236,22 +240,15 @@ class Plan:
         try:
             if arrays or named:
                 self._rebind_all(arrays, named)
-            checked = self._checked_at
-            if checked != close_epoch[0]:
-                # Something was closed since the last check (a plan's own close() resets
-                # _checked_at, so a closed plan always gets here).
-                self._check_bindings()
-                checked = self._checked_at
-            if self._foreign_writes:
-                self._wait_for_foreign_writes()
-            hot = self._hot_call
-            if hot is not None:
-                status = hot[1 if synchronize else 0](self._hot_arguments)
-                if status:
-                    self._raise_launch_failure(status, self._hot_struct.failed == 1)
-            else:
-                self._launch_from_python(synchronize)
-            if checked != close_epoch[0]:
+            epoch = close_epoch[0]
+            if self._checked_at != epoch:
+                # Something was closed since the last check, or an input was written on another
+                # stream (a plan's own close() resets _checked_at, so a closed plan gets here too).
+                self._prepare()
+            status = self._calls[synchronize](self._call_arguments)
+            if status:
+                self._raise_launch_failure(status, self._hot_struct.failed == 1)
+            if close_epoch[0] != epoch:
                 self._check_bindings()   # something was closed during the launch: this call fails
             if not synchronize:
                 stream = self.stream
@@ -270,13 +267,26 @@ class Plan:
                                "(a gc callback or finalizer); call it after that call returns")
         self._lock.acquire()
 
+    def _prepare(self) -> None:
+        """Before a launch that the fast check did not clear: the bindings must be open, and
+        inputs written on another stream are waited for. (_checked_at is set first: a close or a
+        foreign write from here on makes the next call come here again.)"""
+        self._checked_at = close_epoch[0]
+        self._check_bindings()
+        if self._foreign_writes:
+            self._wait_for_foreign_writes()
+
     def _check_bindings(self) -> None:
         """The plan, every bound array, and the stream must still be open."""
         if self._closed:
+            self._checked_at = -1
             raise HandleClosedError(f"this {type(self).__name__} was closed")
-        check_open(self._arrays)
-        self.stream.check_open("stream")
-        self._checked_at = close_epoch[0]
+        try:
+            check_open(self._arrays)
+            self.stream.check_open("stream")
+        except BaseException:
+            self._checked_at = -1
+            raise
 
     def _wait_for_foreign_writes(self) -> None:
         """An input was written on another stream since the last call: wait for that write."""
@@ -287,15 +297,20 @@ class Plan:
             if name not in outputs and array.pending is not None and array.pending is not stream:
                 array.wait_for_writer()
 
-    def _launch_from_python(self, synchronize: bool) -> None:
-        """Phase 2 and the synchronisation as two ctypes calls (without the C helper)."""
+    def _launch_from_python(self, _: object = None) -> int:
+        """Phase 2 as its own ctypes call (without the C helper)."""
         status = self._launch(*self._launch_args)
         if status:
             self._raise_launch_failure(status, True)
-        if synchronize:
-            status = self._synchronize(self._launch_args[3])
-            if status:
-                self._raise_launch_failure(status, False)
+        return 0
+
+    def _launch_synchronize_from_python(self, _: object = None) -> int:
+        """Phase 2 and the synchronisation as two ctypes calls (without the C helper)."""
+        self._launch_from_python()
+        status = self._synchronize(self._launch_args[3])
+        if status:
+            self._raise_launch_failure(status, False)
+        return 0
 
     def _rebind_all(self, arrays: Tuple[Any, ...], named: Dict[str, Any]) -> None:
         # (each value is a DeviceArray, or host values for a host input; checked below)
@@ -371,6 +386,7 @@ class Plan:
             start_reading(array, self)
             if array.pending is not None and array.pending is not self.stream:
                 self._foreign_writes = True   # written on another stream: wait before the launch
+                self._checked_at = -1
 
     def _regroup(self, host_values: Dict[str, Any]) -> None:
         describe = self._operator.description.host_values

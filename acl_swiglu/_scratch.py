@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import ctypes
 import math
+import operator
 import os
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -66,20 +67,35 @@ class Placement(NamedTuple):
 
 
 class _ArenaApi(ctypes.Structure):
-    """The C helper's arena_api struct: the ACL functions it calls."""
+    """The C helper's arena_api struct: the ACL functions it calls (binding/arena.c)."""
 
-    _fields_ = [("copy", ctypes.c_void_p), ("create_tensor", ctypes.c_void_p), ("destroy_tensor", ctypes.c_void_p)]
+    _fields_ = [("malloc", ctypes.c_void_p), ("free", ctypes.c_void_p), ("copy", ctypes.c_void_p),
+                ("create_tensor", ctypes.c_void_p), ("destroy_tensor", ctypes.c_void_p), ("launch", ctypes.c_void_p),
+                ("synchronize", ctypes.c_void_p), ("malloc_policy", ctypes.c_int32)]
 
 
 class _ArenaArray(ctypes.Structure):
-    """The C helper's arena_array struct: one array of a call (binding/arena.c)."""
+    """The C helper's arena_array struct: one array of a call."""
 
     _fields_ = [("dims", ctypes.c_void_p), ("strides", ctypes.c_void_p), ("storage_dims", ctypes.c_void_p),
                 ("ndim", ctypes.c_uint64), ("offset", ctypes.c_int64), ("nbytes", ctypes.c_uint64),
                 ("dtype", ctypes.c_int32), ("format", ctypes.c_int32)]
 
 
-_TENSOR_NOT_MADE = -1   # the helper's status for an aclCreateTensor that returned NULL
+class ArenaCall(ctypes.Structure):
+    """The C helper's arena_call struct: one call's arena, where it failed, and its slots (the
+    host address of each array, then the tensor made for each)."""
+
+    _fields_ = [("base", ctypes.c_void_p), ("size", ctypes.c_uint64), ("workspace_offset", ctypes.c_uint64),
+                ("workspace_capacity", ctypes.c_uint64), ("step", ctypes.c_int32), ("index", ctypes.c_uint32),
+                ("slots", ctypes.c_void_p)]
+
+
+# The helper's arena_step values, as the call each one names (STEP_LAUNCH: the operator's phase 2).
+_STEP_APIS = {1: "aclrtMalloc", 2: "aclrtMemcpy", 3: "aclCreateTensor", 5: "aclrtSynchronizeStream",
+              6: "aclrtMemcpy", 7: "aclDestroyTensor", 8: "aclrtFree"}
+_STEP_CREATE_TENSOR = 3   # (aclCreateTensor returned NULL: its message holds the code)
+STEP_LAUNCH = 4
 _HELPER_LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_native", "libaclswiglu_hotpath.so")
 _helper: List[Optional[ctypes.CDLL]] = []
 
@@ -98,46 +114,66 @@ def helper_library() -> Optional[ctypes.CDLL]:
     return _helper[0]
 
 
-class _ArenaHelper(NamedTuple):
-    place: Any
-    fetch: Any
-    destroy: Any
+class ArenaHelper(NamedTuple):
+    """The C helper's one-shot entry points, bound to one set of ACL functions."""
+
+    open: Any
+    finish: Any
+    close: Any
     api: "ctypes._Pointer[_ArenaApi]"
+
+    def raise_failure(self, api: Any, call: ArenaCall, status: int) -> None:
+        """Raises for a failed open/finish/close, naming the call that failed first (phase 2's
+        failures are the caller's to raise)."""
+        step = call.step
+        if step == _STEP_CREATE_TENSOR:
+            _ffi.raise_null("aclCreateTensor", api.get_message)
+        _ffi.raise_status(status, _STEP_APIS[step], api.get_message)
 
 
 # ctypes has no public name for the base class of foreign functions, and only its instances are
 # known to be plain C calls (anything else put in their place, such as a wrapper, must see each call).
 _C_FUNCTION: type = getattr(ctypes, "_CFuncPtr")
-_arena_helpers: Dict[int, Tuple[Any, Tuple[Any, ...], Optional[_ArenaHelper]]] = {}
+_arena_helpers: Dict[Tuple[int, str], Tuple[Any, Callable[[Any], Tuple[Any, ...]], Tuple[Any, ...],
+                                             Optional[ArenaHelper]]] = {}
 
 
-def arena_helper(api: Any) -> Optional[_ArenaHelper]:
-    """The C helper's arena functions bound to `api`'s ACL functions, or None without the helper
-    or when one of those functions is not a plain C function (a Python wrapper must see its calls)."""
-    raw = api.raw
-    functions = (raw.aclrtMemcpy, raw.aclCreateTensor, raw.aclDestroyTensor)
-    entry = _arena_helpers.get(id(api))
-    if entry is not None and entry[0] is api and all(a is b for a, b in zip(entry[1], functions)):
-        return entry[2]
+def arena_helper(api: Any, launch: str) -> Optional[ArenaHelper]:
+    """The C helper's arena functions bound to `api`'s ACL functions and the operator's phase 2
+    (`launch`, its symbol), or None without the helper or when one of those functions is not a
+    plain C function (a Python wrapper must see its calls)."""
+    entry = _arena_helpers.get((id(api), launch))
+    if entry is not None and entry[0] is api:
+        functions = entry[1](api.raw)
+        if functions == entry[2]:   # (the same function objects: equal only as themselves)
+            return entry[3]
+    functions = _helper_functions(launch)(api.raw)
     library = helper_library()
     helper = None
     if library is not None and all(isinstance(f, _C_FUNCTION) for f in functions):
         try:
-            entries = [getattr(library, name) for name in ("acl_swiglu_arena_place", "acl_swiglu_arena_fetch",
-                                                           "acl_swiglu_arena_destroy")]
+            entries = [getattr(library, name) for name in ("acl_swiglu_arena_open", "acl_swiglu_arena_finish",
+                                                           "acl_swiglu_arena_close")]
         except AttributeError:
             entries = []
         if entries:
             pointer, count = ctypes.c_void_p, ctypes.c_uint32
-            argtypes = ((pointer, pointer, count, pointer, pointer, pointer, pointer),
-                        (pointer, pointer, count, pointer, pointer, pointer), (pointer, pointer, count))
+            argtypes = ((pointer, pointer, count, count, pointer),
+                        (pointer, pointer, count, count, pointer, pointer, ctypes.c_uint64, pointer, pointer),
+                        (pointer, count, pointer))
             for entry_point, types in zip(entries, argtypes):
                 entry_point.restype = ctypes.c_int32
                 entry_point.argtypes = types
-            table = _ArenaApi(*(ctypes.cast(f, ctypes.c_void_p).value for f in functions))
-            helper = _ArenaHelper(entries[0], entries[1], entries[2], ctypes.pointer(table))
-    _arena_helpers[id(api)] = (api, functions, helper)
+            table = _ArenaApi(*(ctypes.cast(f, ctypes.c_void_p).value for f in functions), ACL_MEM_MALLOC_HUGE_FIRST)
+            helper = ArenaHelper(entries[0], entries[1], entries[2], ctypes.pointer(table))
+    _arena_helpers[(id(api), launch)] = (api, _helper_functions(launch), functions, helper)
     return helper
+
+
+def _helper_functions(launch: str) -> Callable[[Any], Tuple[Any, ...]]:
+    """Gets, from a raw namespace, the functions the arena helper calls, in _ArenaApi's order."""
+    return operator.attrgetter("aclrtMalloc", "aclrtFree", "aclrtMemcpy", "aclCreateTensor", "aclDestroyTensor",
+                               launch, "aclrtSynchronizeStream")
 
 
 class ArenaLayout(NamedTuple):
@@ -149,8 +185,9 @@ class ArenaLayout(NamedTuple):
     inputs: Tuple[Tuple[str, Placement], ...]
     outputs: Tuple[Tuple[str, Placement], ...]
     native: "ctypes.Array[_ArenaArray]"
-    arrays: ctypes.c_uint32   # how many
-    addresses: Any            # a C array type of one address per array   # a C array type of one address per array
+    arrays: int               # how many
+    slots: Any                # the C array type of an ArenaCall's slots (two per array)
+    workspace: List[int]      # the workspace the arena holds after the arrays: the most phase 1 asked for
 
 
 def arena_layout(inputs: Sequence[Tuple[str, np.ndarray]],
@@ -182,8 +219,8 @@ def arena_layout(inputs: Sequence[Tuple[str, np.ndarray]],
     native = (_ArenaArray * max(len(every), 1))(*[
         _ArenaArray(ctypes.addressof(p.dims), ctypes.addressof(p.strides), ctypes.addressof(p.span), p.ndim,
                     p.offset, p.nbytes, p.dtype, ACL_FORMAT_ND) for p in every])
-    return ArenaLayout(size[0], tuple(placed_inputs), placed_outputs, native, ctypes.c_uint32(len(every)),
-                       ctypes.c_void_p * max(len(every), 1))
+    return ArenaLayout(size[0], tuple(placed_inputs), placed_outputs, native, len(every),
+                       ctypes.c_void_p * max(2 * len(every), 1), [0])
 
 
 class CallScratch:
@@ -194,7 +231,7 @@ class CallScratch:
     stream is synchronised before anything is freed if the call fails after queuing work.
     """
 
-    __slots__ = ("api", "raw", "size", "base", "tensors", "int_arrays", "drain", "block", "helper")
+    __slots__ = ("api", "raw", "size", "base", "tensors", "int_arrays", "drain")
 
     def __init__(self, api: Any) -> None:
         self.api = api
@@ -204,8 +241,6 @@ class CallScratch:
         self.tensors: List[Any] = []
         self.int_arrays: List[Any] = []
         self.drain: Any = None
-        self.block: Optional[Tuple[Any, ctypes.c_uint32]] = None   # tensors the C helper made
-        self.helper: Optional[_ArenaHelper] = None
 
     def __enter__(self) -> "CallScratch":
         return self
@@ -221,30 +256,6 @@ class CallScratch:
         """The arena of a precomputed layout (instead of staging and ``allocate()``)."""
         self.size = layout.size
         self.allocate()
-
-    def place_all(self, helper: _ArenaHelper, layout: ArenaLayout, hosts: Sequence[Optional[np.ndarray]]) -> List[ctypes.c_void_p]:
-        """Every array's tensor in one C call, inputs (`hosts`, in order) copied in first."""
-        count = layout.arrays
-        tensors = layout.addresses()
-        self.block, self.helper = (tensors, count), helper
-        addresses = layout.addresses(*[None if host is None else host_address(host) for host in hosts])
-        failed = ctypes.c_uint32()
-        status = helper.place(helper.api, layout.native, count, self.base, addresses, tensors, ctypes.byref(failed))
-        if status:
-            if status == _TENSOR_NOT_MADE:
-                _ffi.raise_null("aclCreateTensor", self.api.get_message)
-            _ffi.raise_status(status, "aclrtMemcpy", self.api.get_message)
-        return [ctypes.c_void_p(handle) for handle in tensors]
-
-    def fetch_all(self, layout: ArenaLayout, hosts: Sequence[Optional[np.ndarray]]) -> None:
-        """Copies the arrays with a host destination in `hosts` back, in one C call."""
-        helper = self.helper
-        assert helper is not None, "place_all() first"
-        addresses = layout.addresses(*[None if host is None else host_address(host) for host in hosts])
-        failed = ctypes.c_uint32()
-        status = helper.fetch(helper.api, layout.native, layout.arrays, self.base, addresses, ctypes.byref(failed))
-        if status:
-            _ffi.raise_status(status, "aclrtMemcpy", self.api.get_message)
 
     def place(self, placement: Placement, host: Optional[np.ndarray] = None) -> Any:
         """The tensor of a placed array; with `host`, its bytes are first copied to the device."""
@@ -281,10 +292,6 @@ class CallScratch:
         if exc_type is not None and self.drain is not None:
             self.api.hot.aclrtSynchronizeStream(self.drain)   # the call's own error is the one to report
         failed: List[Tuple[int, str]] = []
-        if self.block is not None and self.helper is not None:
-            status = self.helper.destroy(self.helper.api, *self.block)
-            if status:
-                failed.append((status, "aclDestroyTensor"))
         for handle in reversed(self.tensors):
             status = raw.aclDestroyTensor(handle)
             if status:

@@ -91,8 +91,7 @@ def swiglu_group_quant_grad(grad_y: np.ndarray, x: np.ndarray, weight: Optional[
     rest are zero), clamp_limit None (off) or > 0. Returns fresh arrays (grad_x like x,
     grad_weight like weight or None). Inputs are never modified.
     """
-    out = _aclnn.one_shot(_OP, {"grad_y": grad_y, "x": x, "weight": weight, "y_origin": y_origin,
-                                "group_index": group_index, "clamp_limit": clamp_limit})
+    out = _aclnn.one_shot(_OP, (grad_y, x, weight, y_origin, group_index, None, None, clamp_limit))
     return out["grad_x"], out.get("grad_weight")
 
 

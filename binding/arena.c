@@ -1,9 +1,10 @@
 /*
- * A one-shot call's arena in C: every input copied to the device and every tensor made (or
- * every output copied back, or every tensor destroyed) in one call, from function pointers the
- * Python side took from whichever libraries it loaded. One ctypes call instead of one per
- * array keeps a small one-shot call close to the cost of the same ACL calls made from C.
- * This library links to no ACL library: it only calls what it is given.
+ * A one-shot call's device side in C: the arena allocated, every input copied in and every
+ * tensor made in one call (open); phase 2, the synchronisation, the copies back and every
+ * release in another (finish). Both run from function pointers the Python side took from
+ * whichever libraries it loaded, so a small one-shot call costs two ctypes calls around its
+ * phase 1 instead of one per step. This library links to no ACL library: it only calls what
+ * it is given.
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -17,17 +18,39 @@
 enum { MEMCPY_HOST_TO_DEVICE = 1, MEMCPY_DEVICE_TO_HOST = 2 };
 enum { TENSOR_NOT_MADE = -1 };   /* returned when aclCreateTensor gave NULL (its message says why) */
 
+/* Which call failed first: the binding names it in its error. */
+typedef enum {
+    STEP_NONE = 0,
+    STEP_MALLOC,          /* aclrtMalloc */
+    STEP_COPY_IN,         /* aclrtMemcpy, host to device */
+    STEP_CREATE_TENSOR,   /* aclCreateTensor */
+    STEP_LAUNCH,          /* the operator's phase 2 */
+    STEP_SYNCHRONIZE,     /* aclrtSynchronizeStream */
+    STEP_COPY_OUT,        /* aclrtMemcpy, device to host */
+    STEP_DESTROY_TENSOR,  /* aclDestroyTensor */
+    STEP_FREE             /* aclrtFree */
+} arena_step;
+
+typedef int (*malloc_fn)(void **ptr, size_t size, int policy);
+typedef int (*free_fn)(void *ptr);
 typedef int (*memcpy_fn)(void *dst, size_t dst_max, const void *src, size_t count, int kind);
 typedef void *(*create_tensor_fn)(const int64_t *dims, uint64_t ndim, int dtype, const int64_t *strides,
                                   int64_t offset, int format, const int64_t *storage_dims, uint64_t storage_ndim,
                                   void *data);
 typedef int (*destroy_tensor_fn)(void *tensor);
+typedef int32_t (*launch_fn)(void *workspace, uint64_t workspace_size, void *executor, void *stream);
+typedef int (*synchronize_fn)(void *stream);
 
 /* Laid out as the binding's ctypes structures of the same fields, in this order. */
 typedef struct {
+    malloc_fn malloc;                /* aclrtMalloc */
+    free_fn free;                    /* aclrtFree */
     memcpy_fn copy;                  /* aclrtMemcpy */
     create_tensor_fn create_tensor;  /* aclCreateTensor */
     destroy_tensor_fn destroy_tensor;/* aclDestroyTensor */
+    launch_fn launch;                /* the operator's phase 2 */
+    synchronize_fn synchronize;      /* aclrtSynchronizeStream */
+    int32_t malloc_policy;
 } arena_api;
 
 typedef struct {
@@ -41,72 +64,141 @@ typedef struct {
     int32_t format;
 } arena_array;
 
-static void *address_in(char *base, const arena_array *array)
+/* One call's state. slots[0 .. count) are the host addresses (the source of an input, the
+ * destination of an output, or NULL), slots[count .. 2 count) the tensors made (NULL before). */
+typedef struct {
+    char *base;                      /* the arena; NULL when not allocated (or released) */
+    uint64_t size;                   /* its bytes: the arrays, then workspace_capacity */
+    uint64_t workspace_offset;       /* where the workspace starts in it */
+    uint64_t workspace_capacity;
+    int32_t step;                    /* the first failure's arena_step */
+    uint32_t index;                  /* the array it failed on */
+    void **slots;
+} arena_call;
+
+static void *address_in(const char *base, const arena_array *array)
 {
-    return array->offset < 0 || base == NULL ? NULL : base + array->offset;
+    return array->offset < 0 || base == NULL ? NULL : (void *)(base + array->offset);
 }
 
-/* For each array: copies hosts[i] (when not NULL) to its place in the arena, then makes its
- * tensor into tensors[i] (which the caller zeroed, and destroys with acl_swiglu_arena_destroy
- * whatever happens). Returns 0, or the failing aclrtMemcpy status / TENSOR_NOT_MADE with
- * *failed set to the array's index. */
-ARENA_EXPORT int32_t acl_swiglu_arena_place(const arena_api *api, const arena_array *arrays, uint32_t count,
-                                            char *base, void *const *hosts, void **tensors, uint32_t *failed)
+static int32_t fail(arena_call *call, int32_t status, arena_step step, uint32_t index)
 {
+    if (call->step == STEP_NONE) {
+        call->step = (int32_t)step;
+        call->index = index;
+    }
+    return status;
+}
+
+/* Every tensor made destroyed (in reverse order), then the arena freed; all of it even when a
+ * call fails. Returns 0 or the first failing status (recorded unless one came earlier). */
+static int32_t release(const arena_api *api, uint32_t count, arena_call *call)
+{
+    int32_t first = 0;
+    void **tensors = call->slots + count;
+    for (uint32_t i = count; i-- > 0;) {
+        if (tensors[i] != NULL) {
+            int status = api->destroy_tensor(tensors[i]);
+            tensors[i] = NULL;
+            if (status != 0 && first == 0) {
+                first = fail(call, status, STEP_DESTROY_TENSOR, i);
+            }
+        }
+    }
+    if (call->base != NULL) {
+        int status = api->free(call->base);
+        call->base = NULL;
+        if (status != 0 && first == 0) {
+            first = fail(call, status, STEP_FREE, 0);
+        }
+    }
+    return first;
+}
+
+/* Allocates the arena, copies each input (arrays[0 .. first_output)) with a host source to its
+ * place and makes every array's tensor (slots[count + i], which the caller zeroed). On failure
+ * everything made is released and the failing status returned (call->step and call->index say
+ * where). */
+ARENA_EXPORT int32_t acl_swiglu_arena_open(const arena_api *api, const arena_array *arrays, uint32_t count,
+                                           uint32_t first_output, arena_call *call)
+{
+    void **hosts = call->slots, **tensors = call->slots + count;
+    if (call->size != 0) {
+        void *base = NULL;
+        int status = api->malloc(&base, (size_t)call->size, api->malloc_policy);
+        if (status != 0) {
+            return fail(call, status, STEP_MALLOC, 0);
+        }
+        call->base = base;
+    }
     for (uint32_t i = 0; i < count; i++) {
         const arena_array *array = &arrays[i];
-        void *device = address_in(base, array);
-        if (hosts[i] != NULL && device != NULL && array->nbytes != 0) {
+        void *device = address_in(call->base, array);
+        if (i < first_output && hosts[i] != NULL && device != NULL && array->nbytes != 0) {
             int status = api->copy(device, (size_t)array->nbytes, hosts[i], (size_t)array->nbytes,
                                    MEMCPY_HOST_TO_DEVICE);
             if (status != 0) {
-                *failed = i;
+                fail(call, status, STEP_COPY_IN, i);
+                release(api, count, call);
                 return status;
             }
         }
         tensors[i] = api->create_tensor(array->dims, array->ndim, array->dtype, array->strides, 0, array->format,
                                         array->storage_dims, 1, device);
         if (tensors[i] == NULL) {
-            *failed = i;
+            fail(call, TENSOR_NOT_MADE, STEP_CREATE_TENSOR, i);
+            release(api, count, call);
             return TENSOR_NOT_MADE;
         }
     }
     return 0;
 }
 
-/* Copies each array with a host destination (hosts[i] not NULL) back from the arena.
- * Returns 0, or the failing status with *failed set to the array's index. */
-ARENA_EXPORT int32_t acl_swiglu_arena_fetch(const arena_api *api, const arena_array *arrays, uint32_t count,
-                                            char *base, void *const *hosts, uint32_t *failed)
+/* Phase 2 of the single-use executor phase 1 made on these tensors, with `workspace` (NULL:
+ * the arena's own, workspace_size <= workspace_capacity), on `stream`; then the
+ * synchronisation, the copy of each output (arrays[first_output ..]) to its host destination,
+ * and the release of everything. After a failed launch the stream is drained before anything
+ * is freed. Returns 0 or the first failing status (call->step and call->index say where). */
+ARENA_EXPORT int32_t acl_swiglu_arena_finish(const arena_api *api, const arena_array *arrays, uint32_t count,
+                                             uint32_t first_output, arena_call *call, void *executor,
+                                             uint64_t workspace_size, void *workspace, void *stream)
 {
-    for (uint32_t i = 0; i < count; i++) {
+    void **hosts = call->slots;
+    if (workspace == NULL && workspace_size != 0 && call->base != NULL) {
+        workspace = call->base + call->workspace_offset;
+    }
+    int32_t status = api->launch(workspace, workspace_size, executor, stream);
+    if (status != 0) {
+        fail(call, status, STEP_LAUNCH, 0);
+        (void)api->synchronize(stream);   /* nothing it queued may outlive the arena; the launch's error is the one to report */
+        release(api, count, call);
+        return status;
+    }
+    status = api->synchronize(stream);
+    if (status != 0) {
+        fail(call, status, STEP_SYNCHRONIZE, 0);
+        release(api, count, call);
+        return status;
+    }
+    for (uint32_t i = first_output; i < count; i++) {
         const arena_array *array = &arrays[i];
-        void *device = address_in(base, array);
+        void *device = address_in(call->base, array);
         if (hosts[i] != NULL && device != NULL && array->nbytes != 0) {
-            int status = api->copy(hosts[i], (size_t)array->nbytes, device, (size_t)array->nbytes,
+            int copied = api->copy(hosts[i], (size_t)array->nbytes, device, (size_t)array->nbytes,
                                    MEMCPY_DEVICE_TO_HOST);
-            if (status != 0) {
-                *failed = i;
-                return status;
+            if (copied != 0) {
+                fail(call, copied, STEP_COPY_OUT, i);
+                release(api, count, call);
+                return copied;
             }
         }
     }
-    return 0;
+    return release(api, count, call);
 }
 
-/* Destroys every tensor made (not NULL), in reverse order, all of them even when one fails.
+/* Releases what open made, when the call ends between open and finish (phase 1 failed).
  * Returns 0 or the first failing status. */
-ARENA_EXPORT int32_t acl_swiglu_arena_destroy(const arena_api *api, void **tensors, uint32_t count)
+ARENA_EXPORT int32_t acl_swiglu_arena_close(const arena_api *api, uint32_t count, arena_call *call)
 {
-    int32_t first = 0;
-    for (uint32_t i = count; i-- > 0;) {
-        if (tensors[i] != NULL) {
-            int status = api->destroy_tensor(tensors[i]);
-            tensors[i] = NULL;
-            if (status != 0 && first == 0) {
-                first = status;
-            }
-        }
-    }
-    return first;
+    return release(api, count, call);
 }

@@ -92,7 +92,7 @@ def test_one_shot_bits_on_both_paths(arena_path, dtype):
     flipped = np.ascontiguousarray(weight[::-1])[::-1]      # negative strides: copied in C order
     for _ in range(2):   # the second call uses the layout cached by the first
         grad_x, grad_w = acl_swiglu.swiglu_group_quant_grad(strided, readonly, flipped, y_origin, groups, 1.5)
-        assert (_scratch.arena_helper(_ffi.api()) is not None) == (arena_path == "helper")
+        assert (_scratch.arena_helper(_ffi.api(), "aclnnSwigluGroupQuantGrad") is not None) == (arena_path == "helper")
         assert np.array_equal(grad_x.view(np.uint8), want_x.view(np.uint8))
         assert np.array_equal(grad_w.view(np.uint32), want_w.view(np.uint32))
     empty_x, _ = acl_swiglu.swiglu_group_quant_grad(gy[:0], x[:0])
