@@ -333,6 +333,13 @@ def workspace_size(operator: Operator, arguments: Dict[str, Any]) -> Executor:
     return Executor(operator, executor, size, tensors, arrays)
 
 
+def destroy_unlaunched(api: SimpleNamespace, executor: ctypes.c_void_p) -> None:
+    """Destroys a single-use executor that never reached phase 2, while another error is raised
+    (a failure here must not show up in the next error of this thread)."""
+    if api.raw.aclDestroyAclOpExecutor(ctypes.cast(executor, _ffi.aclOpExecutor_p)):
+        _ffi.drop_message(api.get_message)
+
+
 def launch_single_use(operator: Operator, api: SimpleNamespace, executor: ctypes.c_void_p, size: int, stream: Stream) -> None:
     """Phase 2 of a single-use executor (consumed either way) with the stream's workspace."""
     launch: Callable[..., int] = getattr(api.hot, operator.description.phase2)
@@ -347,15 +354,15 @@ def launch_single_use(operator: Operator, api: SimpleNamespace, executor: ctypes
         status = stream.run_with_workspace(size, run)
     except BaseException:
         if not launched:   # the workspace could not be had: the executor was never handed over
-            api.raw.aclDestroyAclOpExecutor(ctypes.cast(executor, _ffi.aclOpExecutor_p))
+            destroy_unlaunched(api, executor)
         raise
     operator.check_status(api, status, operator.description.phase2)
 
 
-def device_call(operator: Operator, values: Sequence[Any], stream: Optional[Stream]) -> Dict[str, DeviceArray]:
-    """Both phases on device arrays, queued on `stream`; the outputs the call computes (made
-    when not given), by name. Does not wait. `values` are the arguments in the order of
-    ``operator.argument_names`` (the slots, then the scalars).
+def device_call(operator: Operator, values: Sequence[Any], stream: Optional[Stream]) -> List[Optional[DeviceArray]]:
+    """Both phases on device arrays, queued on `stream`; the outputs, in the operator's order
+    (made when not given; None for one the call does not compute). Does not wait. `values` are
+    the arguments in the order of ``operator.argument_names`` (the slots, then the scalars).
 
     The common case has a lean path: every array an open DeviceArray whose tensor exists, every
     output given, a layout validated before. It makes one pass over the arguments and takes one
@@ -369,43 +376,37 @@ def device_call(operator: Operator, values: Sequence[Any], stream: Optional[Stre
     key: List[Any] = [revision.abi]
     handles: List[Any] = []
     lives: List[Life] = []
+    add_key, add_handle, add_life = key.append, handles.append, lives.append
     inputs = operator.input_count
-    slots = operator.slot_count
-    lean = True
-    for index in range(slots):
-        array = values[index]
-        if array is None:
-            key.append(None)
-            handles.append(None)
-            continue
-        bound = array._bound if type(array) is DeviceArray else None
-        if bound is None or bound[1].closed:
-            lean = False
-            break
-        key.append(array._layout_id)
-        handles.append(bound[0])
-        lives.append(bound[1])
-        if index < inputs:
-            pending = array.pending
-            if pending is not None and pending is not stream:
-                array.wait_for_writer()   # written on another stream
     recipe = None
-    if lean:
-        for value in values[slots:]:
-            kind = type(value)
-            if value is None:
-                key.append(None)
-            elif kind is float or kind is int or kind is bool:
-                key.append((kind, value))
-            else:
+    for index, array in enumerate(values):
+        if array is None:
+            add_key(None)
+            add_handle(None)
+            continue
+        kind = type(array)
+        if kind is DeviceArray:
+            bound = array._bound   # (address, life, layout id) of its tensor
+            if bound is None or bound[1].closed:
                 break
+            add_key(bound[2])
+            add_handle(bound[0])
+            add_life(bound[1])
+            if index < inputs:
+                pending = array.pending
+                if pending is not None and pending is not stream:
+                    array.wait_for_writer()   # written on another stream
+        elif kind is float or kind is int or kind is bool:
+            add_key((kind, array))   # a scalar
         else:
-            recipe = operator.device_recipes.get(tuple(key))
+            break
+    else:
+        recipe = operator.device_recipes.get(tuple(key))
     if recipe is None or not recipe.complete:
         return _general_device_call(operator, revision, dict(zip(operator.argument_names, values)), stream)
     workspace = stream._workspace
     if workspace is not None:
-        lives.append(workspace._life)
+        add_life(workspace._life)
     pin(lives)   # a close() from another thread now waits for the end of this call
     try:
         if close_epoch[0] != epoch:
@@ -413,6 +414,7 @@ def device_call(operator: Operator, values: Sequence[Any], stream: Optional[Stre
         api = runtime_api()
         size = ctypes.c_uint64()
         executor = ctypes.c_void_p()
+        del handles[operator.slot_count:]   # (the scalars' places)
         status = getattr(api.hot, operator.description.phase1)(
             *handles[:inputs], *recipe.scalars, *handles[inputs:], ctypes.byref(size), ctypes.byref(executor))
         if status:
@@ -420,16 +422,20 @@ def device_call(operator: Operator, values: Sequence[Any], stream: Optional[Stre
         nbytes = size.value
         # (pinned and open: the memory stays until the stream is past this work, even if the
         # pool replaces it meanwhile)
-        address = None if workspace is None else workspace._handle
-        if nbytes and (address is None or workspace._life.closed or workspace.nbytes < nbytes):
+        address = None
+        if nbytes and workspace is not None and workspace.nbytes >= nbytes:
+            address = workspace._handle
+            if workspace._life.closed:
+                address = None
+        if nbytes and address is None:
             launch_single_use(operator, api, executor, nbytes, stream)
         else:
             status = getattr(api.hot, operator.description.phase2)(
                 address if nbytes else None, ctypes.c_uint64(nbytes), executor, stream._address)
             if status:
                 operator.check_status(api, status, operator.description.phase2)
-        results = {name: values[index] for name, index in recipe.outputs}
-        mark_written(results.values(), stream)
+        results = [None if position < 0 else values[position] for position in recipe.outputs]
+        mark_written(results, stream)
     finally:
         unpin(lives, stream._life)
     if close_epoch[0] != epoch:
@@ -438,7 +444,7 @@ def device_call(operator: Operator, values: Sequence[Any], stream: Optional[Stre
 
 
 def _general_device_call(operator: Operator, revision: Revision, arguments: Dict[str, Any],
-                         stream: Stream) -> Dict[str, DeviceArray]:
+                         stream: Stream) -> List[Optional[DeviceArray]]:
     problem = _device_recipe(operator, revision, arguments).problem
     epoch = close_epoch[0]
     arrays = operator.device_arrays(arguments, revision)
@@ -488,8 +494,8 @@ def _general_device_call(operator: Operator, revision: Revision, arguments: Dict
         for array in made.values():
             array.close()
         raise
-    results = {name: arrays[name] for name in computed}
-    mark_written(results.values(), stream)
+    results = [arrays[name] if name in computed else None for name in outputs]
+    mark_written(results, stream)
     unpin(pinned, stream._life)
     if close_epoch[0] != epoch:
         check_open(arrays)   # closed by another thread during the call: it must not succeed
@@ -579,8 +585,8 @@ class _DeviceRecipe(NamedTuple):
 
     problem: Any
     scalars: Tuple[Any, ...]   # the scalar C arguments, ready for the call
-    outputs: Tuple[Tuple[str, int], ...]   # the outputs the call computes, with their argument positions
-    complete: bool             # every one of them given, and no host-values argument
+    outputs: Tuple[int, ...]   # per output slot: the argument position of a computed one, else -1
+    complete: bool             # every computed output given, and no host-values argument
 
 
 def _device_recipe(operator: Operator, revision: Revision, arguments: Mapping[str, Any]) -> _DeviceRecipe:
@@ -591,7 +597,8 @@ def _device_recipe(operator: Operator, revision: Revision, arguments: Mapping[st
         problem = operator.validate_device(dict(arguments), revision)
         complete = all(arguments.get(name) is not None for name in problem.outputs) and not any(
             arguments.get(name) is not None for name in revision.host_inputs)
-        outputs = tuple((name, operator.argument_names.index(name)) for name in problem.outputs)
+        outputs = tuple(operator.argument_names.index(name) if name in problem.outputs else -1
+                        for name in operator.output_names)
         recipe = _DeviceRecipe(problem, tuple(revision.scalars(problem)), outputs, complete)
         _remember(operator.device_recipes, key, recipe)
     return recipe
@@ -678,10 +685,10 @@ def _one_shot_native(operator: Operator, revision: Revision, layout: _OneShotLay
     slots = arena.slots(*[host_address(host) for host in hosts], *[host_address(result) for result in results])
     call = ArenaCall(None, arena.size + capacity, arena.size, capacity, 0, 0, ctypes.addressof(slots))
     status = helper.open(helper.api, arena.native, count, first_output, ctypes.byref(call))
-    if status:
-        helper.raise_failure(api, call, status)
     buffer: Optional[DeviceBuffer] = None
     try:
+        if status:
+            helper.raise_failure(api, call, status)
         handles: List[Any] = [None if index < 0 else ctypes.c_void_p(slots[count + index]) for index in layout.slots]
         if layout.host_inputs:
             with ExitStack() as stack:
@@ -695,22 +702,22 @@ def _one_shot_native(operator: Operator, revision: Revision, layout: _OneShotLay
             try:
                 buffer = stream._take_workspace(size)
             except BaseException:
-                api.raw.aclDestroyAclOpExecutor(ctypes.cast(executor, _ffi.aclOpExecutor_p))
+                destroy_unlaunched(api, executor)
                 raise
-    except BaseException:
-        if helper.close(helper.api, count, ctypes.byref(call)):
-            _ffi.drop_message(api.get_message)   # the error being raised is the one to report
-        raise
-    try:
         status = helper.finish(helper.api, arena.native, count, first_output, ctypes.byref(call), executor, size,
                                None if buffer is None else buffer._handle, stream._address)
+        if status:
+            if call.step == STEP_LAUNCH:
+                operator.check_status(api, status, operator.description.phase2)
+            helper.raise_failure(api, call, status)
+    except BaseException:
+        # (after the failure's message was read: the release's own failures are not reported)
+        if helper.close(helper.api, count, ctypes.byref(call), stream._address):
+            _ffi.drop_message(api.get_message)
+        raise
     finally:
         if buffer is not None:
             unpin((buffer._life,), stream._life)
-    if status:
-        if call.step == STEP_LAUNCH:
-            operator.check_status(api, status, operator.description.phase2)
-        helper.raise_failure(api, call, status)
 
 
 def _one_shot_steps(operator: Operator, revision: Revision, layout: _OneShotLayout, values: Sequence[Any],

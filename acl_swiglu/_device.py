@@ -137,10 +137,11 @@ class Stream(Owned):
         raw_destroy = api.raw.aclrtDestroyStream
         life_box: List[_StreamLife] = []
 
-        def release(handle: Any = handle) -> None:
+        def release(handle: Any = handle) -> int:
             runtime_api()
             life_box[0].destroyed = True   # destroying waits for the queued work
-            raw_destroy(handle)
+            status: int = raw_destroy(handle)
+            return status
 
         self._own(handle, release)
         life_box.append(self._life)
@@ -274,9 +275,10 @@ class DeviceBuffer(Owned):
         raw_free = api.raw.aclrtFree
         address = ptr.value
 
-        def release(address: Optional[int] = address) -> None:
+        def release(address: Optional[int] = address) -> int:
             runtime_api()
-            raw_free(address)
+            status: int = raw_free(address)
+            return status
 
         self._own(ptr, release)
 
@@ -386,8 +388,9 @@ class DeviceArray:
         # plans that read it (told about writes to it), by id
         self._readers: Optional[Dict[int, "weakref.ReferenceType[Plan]"]] = None
         self._tensor: Optional[AclTensor] = None   # cached aclTensor for this exact view
-        # (its address, the life a call pins), set with _tensor: what a device-level call needs
-        self._bound: Optional[Tuple[ctypes.c_void_p, Life]] = None
+        # (its address, the life a call pins, _layout_id), set with _tensor: what a device-level
+        # call needs
+        self._bound: Optional[Tuple[ctypes.c_void_p, Life, int]] = None
         self._dead = False
         self._layout = (self.shape, self.dtype, self.strides, self.offset)
         self._layout_id = layout_id(self._layout)

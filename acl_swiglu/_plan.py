@@ -223,10 +223,11 @@ class Plan:
 
     # -- calls --
 
-    def __call__(self, *arrays: DeviceArray, synchronize: bool = False,
-                 **named: DeviceArray) -> Tuple[Optional[DeviceArray], ...]:
+    def __call__(self, *arrays: Any, synchronize: bool = False,
+                 **named: Any) -> Tuple[Optional[DeviceArray], ...]:
         """plan(<inputs>..., *, <outputs>=..., synchronize=False): launches phase 2 with the given
-        arrays rebound (others keep their last binding) and returns the bound outputs. The work
+        arrays rebound (others keep their last binding) and returns the bound outputs. Each value
+        is a DeviceArray, or host values for a host-values input (revision 1's group_index). The work
         is queued on the plan's stream; with synchronize=True the call also waits for it (one
         call instead of two on the hot path)."""
         ident = _get_ident()

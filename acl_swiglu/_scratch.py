@@ -1,9 +1,12 @@
 """Native resources that live for one call only (device memory, tensor and int-array handles),
-made with the raw C functions and released in reverse order when the call ends, success or not.
+released in reverse order when the call ends, success or not.
 
-The one-shot call uses this instead of the owned Python objects of runtime.py: it frees
+The one-shot call uses these instead of the owned Python objects of runtime.py: it frees
 everything before it returns, so per-object finalizers would only add cost. All of a call's
-device memory is one allocation (an arena), each array at a 64-byte aligned offset in it.
+device memory is one allocation (an arena), each array at a 64-byte aligned offset in it, then
+its workspace. The package's C helper (binding/arena.c) makes the whole device side in two calls
+around phase 1; ``CallScratch`` does it one ctypes call per step when the helper is not there or
+the ACL functions are wrapped.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import ctypes
 import math
 import operator
 import os
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, NoReturn, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -122,7 +125,7 @@ class ArenaHelper(NamedTuple):
     close: Any
     api: "ctypes._Pointer[_ArenaApi]"
 
-    def raise_failure(self, api: Any, call: ArenaCall, status: int) -> None:
+    def raise_failure(self, api: Any, call: ArenaCall, status: int) -> NoReturn:
         """Raises for a failed open/finish/close, naming the call that failed first (phase 2's
         failures are the caller's to raise)."""
         step = call.step
@@ -160,7 +163,7 @@ def arena_helper(api: Any, launch: str) -> Optional[ArenaHelper]:
             pointer, count = ctypes.c_void_p, ctypes.c_uint32
             argtypes = ((pointer, pointer, count, count, pointer),
                         (pointer, pointer, count, count, pointer, pointer, ctypes.c_uint64, pointer, pointer),
-                        (pointer, count, pointer))
+                        (pointer, count, pointer, pointer))
             for entry_point, types in zip(entries, argtypes):
                 entry_point.restype = ctypes.c_int32
                 entry_point.argtypes = types
@@ -290,7 +293,8 @@ class CallScratch:
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         raw = self.raw
         if exc_type is not None and self.drain is not None:
-            self.api.hot.aclrtSynchronizeStream(self.drain)   # the call's own error is the one to report
+            if self.api.hot.aclrtSynchronizeStream(self.drain):
+                _ffi.drop_message(self.api.get_message)   # the call's own error is the one to report
         failed: List[Tuple[int, str]] = []
         for handle in reversed(self.tensors):
             status = raw.aclDestroyTensor(handle)
@@ -304,5 +308,7 @@ class CallScratch:
             status = raw.aclrtFree(self.base)
             if status:
                 failed.append((status, "aclrtFree"))
-        if failed and exc_type is None:
-            _ffi.raise_status(failed[0][0], failed[0][1], self.api.get_message)
+        if failed:
+            if exc_type is None:
+                _ffi.raise_status(failed[0][0], failed[0][1], self.api.get_message)
+            _ffi.drop_message(self.api.get_message)   # the error being raised is the one to report

@@ -103,9 +103,9 @@ def swiglu_group_quant_grad_device(grad_y: DeviceArray, x: DeviceArray, weight: 
     (grad_x, grad_weight), allocated when not given. Does not wait: synchronise the stream, or
     call to_numpy() on an output (which waits for it). Revision 1 takes group_index as host
     ints; revision 2 as an int64 DeviceArray."""
-    out = _aclnn.device_call(_OP, (grad_y, x, weight, y_origin, group_index, grad_x, grad_weight, clamp_limit),
-                             stream)
-    return out["grad_x"], out.get("grad_weight")
+    computed_x, computed_weight = _aclnn.device_call(
+        _OP, (grad_y, x, weight, y_origin, group_index, grad_x, grad_weight, clamp_limit), stream)
+    return cast(DeviceArray, computed_x), computed_weight
 
 
 def get_workspace_size(grad_y: DeviceArray, x: DeviceArray, weight: Optional[DeviceArray] = None,

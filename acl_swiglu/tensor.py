@@ -83,5 +83,5 @@ def tensor_for(array: Optional[DeviceArray]) -> Optional[AclTensor]:
     tensor = array._tensor
     if tensor is None or tensor.closed:
         tensor = array._tensor = AclTensor(array)
-        array._bound = (tensor.address, tensor._life if array.buffer is None else array.buffer._life)
+        array._bound = (tensor.address, tensor._life if array.buffer is None else array.buffer._life, array._layout_id)
     return tensor

@@ -116,9 +116,9 @@ static int32_t release(const arena_api *api, uint32_t count, arena_call *call)
 }
 
 /* Allocates the arena, copies each input (arrays[0 .. first_output)) with a host source to its
- * place and makes every array's tensor (slots[count + i], which the caller zeroed). On failure
- * everything made is released and the failing status returned (call->step and call->index say
- * where). */
+ * place and makes every array's tensor (slots[count + i], which the caller zeroed). Returns 0,
+ * or the failing status (call->step and call->index say where) with what was made still held:
+ * the caller reads the failure's message first, then calls acl_swiglu_arena_close. */
 ARENA_EXPORT int32_t acl_swiglu_arena_open(const arena_api *api, const arena_array *arrays, uint32_t count,
                                            uint32_t first_output, arena_call *call)
 {
@@ -138,27 +138,24 @@ ARENA_EXPORT int32_t acl_swiglu_arena_open(const arena_api *api, const arena_arr
             int status = api->copy(device, (size_t)array->nbytes, hosts[i], (size_t)array->nbytes,
                                    MEMCPY_HOST_TO_DEVICE);
             if (status != 0) {
-                fail(call, status, STEP_COPY_IN, i);
-                release(api, count, call);
-                return status;
+                return fail(call, status, STEP_COPY_IN, i);
             }
         }
         tensors[i] = api->create_tensor(array->dims, array->ndim, array->dtype, array->strides, 0, array->format,
                                         array->storage_dims, 1, device);
         if (tensors[i] == NULL) {
-            fail(call, TENSOR_NOT_MADE, STEP_CREATE_TENSOR, i);
-            release(api, count, call);
-            return TENSOR_NOT_MADE;
+            return fail(call, TENSOR_NOT_MADE, STEP_CREATE_TENSOR, i);
         }
     }
     return 0;
 }
 
-/* Phase 2 of the single-use executor phase 1 made on these tensors, with `workspace` (NULL:
- * the arena's own, workspace_size <= workspace_capacity), on `stream`; then the
- * synchronisation, the copy of each output (arrays[first_output ..]) to its host destination,
- * and the release of everything. After a failed launch the stream is drained before anything
- * is freed. Returns 0 or the first failing status (call->step and call->index say where). */
+/* Phase 2 of the single-use executor phase 1 made on these tensors (consumed whatever
+ * happens), with `workspace` (NULL: the arena's own, workspace_size <= workspace_capacity), on
+ * `stream`; then the synchronisation, the copy of each output (arrays[first_output ..]) to its
+ * host destination, and the release of everything. Returns 0, or the first failing status
+ * (call->step and call->index say where). A failure before the release leaves everything held,
+ * as after acl_swiglu_arena_open; a failed release has released all it could. */
 ARENA_EXPORT int32_t acl_swiglu_arena_finish(const arena_api *api, const arena_array *arrays, uint32_t count,
                                              uint32_t first_output, arena_call *call, void *executor,
                                              uint64_t workspace_size, void *workspace, void *stream)
@@ -169,16 +166,11 @@ ARENA_EXPORT int32_t acl_swiglu_arena_finish(const arena_api *api, const arena_a
     }
     int32_t status = api->launch(workspace, workspace_size, executor, stream);
     if (status != 0) {
-        fail(call, status, STEP_LAUNCH, 0);
-        (void)api->synchronize(stream);   /* nothing it queued may outlive the arena; the launch's error is the one to report */
-        release(api, count, call);
-        return status;
+        return fail(call, status, STEP_LAUNCH, 0);
     }
     status = api->synchronize(stream);
     if (status != 0) {
-        fail(call, status, STEP_SYNCHRONIZE, 0);
-        release(api, count, call);
-        return status;
+        return fail(call, status, STEP_SYNCHRONIZE, 0);
     }
     for (uint32_t i = first_output; i < count; i++) {
         const arena_array *array = &arrays[i];
@@ -187,18 +179,22 @@ ARENA_EXPORT int32_t acl_swiglu_arena_finish(const arena_api *api, const arena_a
             int copied = api->copy(hosts[i], (size_t)array->nbytes, device, (size_t)array->nbytes,
                                    MEMCPY_DEVICE_TO_HOST);
             if (copied != 0) {
-                fail(call, copied, STEP_COPY_OUT, i);
-                release(api, count, call);
-                return copied;
+                return fail(call, copied, STEP_COPY_OUT, i);
             }
         }
     }
     return release(api, count, call);
 }
 
-/* Releases what open made, when the call ends between open and finish (phase 1 failed).
- * Returns 0 or the first failing status. */
-ARENA_EXPORT int32_t acl_swiglu_arena_close(const arena_api *api, uint32_t count, arena_call *call)
+/* Releases what the call still holds when it ends in a failure; once the launch was tried the
+ * stream is drained first (nothing it queued may outlive the arena). Returns 0 or the first
+ * failing status. */
+ARENA_EXPORT int32_t acl_swiglu_arena_close(const arena_api *api, uint32_t count, arena_call *call, void *stream)
 {
-    return release(api, count, call);
+    int32_t drained = 0;
+    if (call->step >= STEP_LAUNCH) {   /* (a failed synchronisation may not have waited) */
+        drained = api->synchronize(stream);
+    }
+    int32_t released = release(api, count, call);
+    return drained != 0 ? drained : released;
 }
