@@ -84,8 +84,11 @@ def _check_clamp(clamp_limit: object) -> np.float32 | None:
     if value is None:
         return None
     # The C ABI takes a double but the kernel compares and clamps with (float)clampLimit.
+    # Annotated because NumPy's stubs type the scalar constructors through typing.Self, which
+    # mypy sees as Any when checking for Pythons before 3.11.
     with np.errstate(over="ignore", under="ignore"):
-        return np.float32(value)
+        limit: np.float32 = np.float32(value)
+    return limit
 
 
 def _check_x(x: Any, allow_f64: bool = False) -> tuple[int, int]:
