@@ -9,7 +9,6 @@
 #include <string.h>
 
 #include "acl/acl.h"
-#include "acl_emu/acl_emu.h"
 #include "aclnnop/aclnn_swiglu_group_quant_grad.h"
 #include "emu_test.h"
 
@@ -262,25 +261,6 @@ static inline void launch_sync(aclOpExecutor *ex, aclrtStream stream)
     CHECK_EQ_INT(aclnnSwigluGroupQuantGrad(ws, WS_BYTES, ex, stream), ACLNN_SUCCESS);
     CHECK_EQ_INT(aclrtSynchronizeStream(stream), ACL_SUCCESS);
     CHECK_EQ_INT(aclrtFree(ws), ACL_SUCCESS);
-}
-
-/* Live handles of every kind, to check that a test left none behind. */
-typedef struct {
-    int64_t count[ACL_EMU_KIND_COUNT];
-} live_counts;
-
-static inline live_counts live_counts_now(void)
-{
-    live_counts c;
-    for (int k = 0; k < ACL_EMU_KIND_COUNT; k++) c.count[k] = aclEmuLiveCount((aclEmuHandleKind)k);
-    return c;
-}
-
-static inline void check_live_counts(const live_counts *before)
-{
-    for (int k = 0; k < ACL_EMU_KIND_COUNT; k++) {
-        CHECK_EQ_INT(aclEmuLiveCount((aclEmuHandleKind)k), before->count[k]);
-    }
 }
 
 #endif

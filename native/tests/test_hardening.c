@@ -7,6 +7,7 @@
 
 #include "acl_emu/acl_emu.h"
 #include "emu_problem.h"
+#include "emu_session.h"
 
 static aclrtStream g_stream;
 
@@ -182,20 +183,13 @@ static void test_empty_grad_weight_without_weight(void)
 
 int main(void)
 {
-    unsetenv("ACL_SWIGLU_ABI");
-    unsetenv("ACL_EMU_ABI");
-    CHECK_EQ_INT(aclInit(NULL), ACL_SUCCESS);
-    CHECK_EQ_INT(aclrtSetDevice(0), ACL_SUCCESS);
-    CHECK_EQ_INT(aclrtCreateStream(&g_stream), ACL_SUCCESS);
-    live_counts start = live_counts_now();
+    emu_session session = emu_session_begin(EMU_SESSION_DEVICE_STREAM);
+    g_stream = session.stream;
     test_extent_overflow_at_create();
     test_wrapping_addresses();
     test_self_overlap_with_huge_strides();
     test_dead_handles_everywhere();
     test_empty_grad_weight_without_weight();
-    check_live_counts(&start);
-    CHECK_EQ_INT(aclrtDestroyStream(g_stream), ACL_SUCCESS);
-    CHECK_EQ_INT(aclrtResetDevice(0), ACL_SUCCESS);
-    CHECK_EQ_INT(aclFinalize(), ACL_SUCCESS);
+    emu_session_end(&session);
     return emu_test_finish("test_hardening");
 }

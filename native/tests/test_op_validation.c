@@ -10,6 +10,7 @@
 #include "acl/acl.h"
 #include "acl_emu/acl_emu.h"
 #include "aclnnop/aclnn_swiglu_group_quant_grad.h"
+#include "emu_session.h"
 #include "emu_test.h"
 
 #define PHASE1 "aclnnSwigluGroupQuantGradGetWorkspaceSize: "
@@ -734,12 +735,7 @@ static void test_empty_tensors(void)
 
 int main(void)
 {
-    CHECK_EQ_INT(aclInit(NULL), ACL_SUCCESS);
-    CHECK_EQ_INT(aclrtSetDevice(0), ACL_SUCCESS);
-    use_abi(NULL);
-    unsetenv("ACL_EMU_ABI");
-    int64_t start[ACL_EMU_KIND_COUNT];
-    for (int k = 0; k < ACL_EMU_KIND_COUNT; k++) start[k] = aclEmuLiveCount((aclEmuHandleKind)k);
+    emu_session session = emu_session_begin(EMU_SESSION_DEVICE);
     test_null_pointers();
     test_dead_and_foreign_handles();
     test_group_index_kind_per_revision();
@@ -757,10 +753,6 @@ int main(void)
     test_clamp_limit_revision2();
     test_clamp_limit_revision1();
     test_empty_tensors();
-    for (int k = 0; k < ACL_EMU_KIND_COUNT; k++) {
-        CHECK_EQ_INT(aclEmuLiveCount((aclEmuHandleKind)k), start[k]);
-    }
-    CHECK_EQ_INT(aclrtResetDevice(0), ACL_SUCCESS);
-    CHECK_EQ_INT(aclFinalize(), ACL_SUCCESS);
+    emu_session_end(&session);
     return emu_test_finish("test_op_validation");
 }

@@ -9,12 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "acl/acl.h"
 #include "acl_emu/acl_emu.h"
-#include "aclnnop/aclnn_swiglu_group_quant_grad.h"
-#include "emu_test.h"
-
 #include "emu_problem.h"
+#include "emu_session.h"
 
 static aclrtStream g_stream;
 
@@ -755,11 +752,8 @@ static void test_launch_after_finalize(void)
 
 int main(void)
 {
-    unsetenv("ACL_SWIGLU_ABI");
-    CHECK_EQ_INT(aclInit(NULL), ACL_SUCCESS);
-    CHECK_EQ_INT(aclrtSetDevice(0), ACL_SUCCESS);
-    CHECK_EQ_INT(aclrtCreateStream(&g_stream), ACL_SUCCESS);
-    live_counts start = live_counts_now();
+    emu_session session = emu_session_begin(EMU_SESSION_DEVICE_STREAM);
+    g_stream = session.stream;
     test_correct_run();
     test_host_pointers_rejected();
     test_view_past_allocation();
@@ -777,8 +771,7 @@ int main(void)
     test_thread_without_device();
     test_group_index_read_at_run_revision2();
     test_group_index_read_at_phase1_revision1();
-    check_live_counts(&start);
-    CHECK_EQ_INT(aclrtDestroyStream(g_stream), ACL_SUCCESS);
+    emu_session_release(&session);
     test_launch_after_finalize();
     return emu_test_finish("test_strict");
 }
