@@ -67,6 +67,23 @@ static inline aclTensor *tensor_at(aclDataType dt, uint64_t n, const int64_t *di
     return t;
 }
 
+/* Makes p's tensors (contiguous, of its shapes) on its device buffers, or with no device
+ * address at all when `at_buffers` is 0. */
+static inline void prob_tensors(prob *p, int at_buffers)
+{
+    int64_t T = p->T, H = p->H, G = p->G;
+    int64_t gy_dims[2] = {T, H}, x_dims[2] = {T, 2 * H}, w_dims[2] = {T, 1}, gi_dims[1] = {G};
+    p->tgy = tensor_at(ACL_FLOAT, 2, gy_dims, at_buffers ? p->dgy : NULL);
+    p->tx = tensor_at(ACL_FLOAT, 2, x_dims, at_buffers ? p->dx : NULL);
+    p->tgx = tensor_at(ACL_FLOAT, 2, x_dims, at_buffers ? p->dgx : NULL);
+    if (p->weight) {
+        p->tw = tensor_at(ACL_FLOAT, 2, w_dims, at_buffers ? p->dw : NULL);
+        p->tyo = tensor_at(ACL_FLOAT, 2, gy_dims, at_buffers ? p->dyo : NULL);
+        p->tgw = tensor_at(ACL_FLOAT, 2, w_dims, at_buffers ? p->dgw : NULL);
+    }
+    if (G >= 0) p->tgi = tensor_at(ACL_INT64, 1, gi_dims, at_buffers ? p->dgi : NULL);
+}
+
 /* Fills host data from `seed`, uploads it, allocates fresh (0xFF) outputs; tensors are made
  * when `tensors` is set. G >= 0 adds an INT64 groupIndex tensor holding `groups`. */
 static inline void prob_init(prob *p, int64_t T, int64_t H, int weight, int64_t G, const int64_t *groups,
@@ -99,17 +116,7 @@ static inline void prob_init(prob *p, int64_t T, int64_t H, int weight, int64_t 
         for (int64_t g = 0; g < G; g++) p->groups[g] = groups[g];
         p->dgi = dev_upload(p->groups, (size_t)(G > 0 ? G : 1) * sizeof(int64_t));
     }
-    if (!tensors) return;
-    int64_t gy_dims[2] = {T, H}, x_dims[2] = {T, 2 * H}, w_dims[2] = {T, 1}, gi_dims[1] = {G};
-    p->tgy = tensor_at(ACL_FLOAT, 2, gy_dims, p->dgy);
-    p->tx = tensor_at(ACL_FLOAT, 2, x_dims, p->dx);
-    p->tgx = tensor_at(ACL_FLOAT, 2, x_dims, p->dgx);
-    if (weight) {
-        p->tw = tensor_at(ACL_FLOAT, 2, w_dims, p->dw);
-        p->tyo = tensor_at(ACL_FLOAT, 2, gy_dims, p->dyo);
-        p->tgw = tensor_at(ACL_FLOAT, 2, w_dims, p->dgw);
-    }
-    if (G >= 0) p->tgi = tensor_at(ACL_INT64, 1, gi_dims, p->dgi);
+    if (tensors) prob_tensors(p, 1);
 }
 
 static inline void free_dev(void **d)
@@ -142,6 +149,24 @@ static inline int phase1(const prob *p, double clamp, uint64_t *ws, aclOpExecuto
     *ws = 0;
     return aclnnSwigluGroupQuantGradGetWorkspaceSize(p->tgy, p->tx, p->tw, p->tyo, p->tgi, clamp,
                                                      p->tgx, p->tgw, ws, ex);
+}
+
+/* Points every tensor of a repeatable executor, made at phase 1 from `handles`' tensors, at
+ * `buffers`' device memory (a problem of the same shapes). */
+static inline void prob_rebind(aclOpExecutor *ex, const prob *handles, const prob *buffers)
+{
+    aclTensor *inputs[5] = {handles->tgy, handles->tx, handles->tw, handles->tyo, handles->tgi};
+    void *input_data[5] = {buffers->dgy, buffers->dx, buffers->dw, buffers->dyo, buffers->dgi};
+    aclTensor *outputs[2] = {handles->tgx, handles->tgw};
+    void *output_data[2] = {buffers->dgx, buffers->dgw};
+    for (size_t i = 0; i < 5; i++) {
+        if (inputs[i] == NULL) continue;
+        CHECK_EQ_INT(aclSetInputTensorAddr(ex, i, inputs[i], input_data[i]), ACLNN_SUCCESS);
+    }
+    for (size_t i = 0; i < 2; i++) {
+        if (outputs[i] == NULL) continue;
+        CHECK_EQ_INT(aclSetOutputTensorAddr(ex, i, outputs[i], output_data[i]), ACLNN_SUCCESS);
+    }
 }
 
 /* Phase 1 that must succeed with a 16 KiB workspace request. */

@@ -73,7 +73,7 @@ static void test_view_past_allocation(void)
     prob_init(&p, 4, 16, 0, -1, NULL, 2, 1);
     uint64_t ws;
     aclOpExecutor *ex;
-    int64_t gy_dims[2] = {4, 16}, x_dims[2] = {4, 32};
+    int64_t x_dims[2] = {4, 32};
     /* One element short. */
     void *short_gy = dev_alloc(4 * 16 * sizeof(float) - sizeof(float));
     CHECK_EQ_INT(aclSetRawTensorAddr(p.tgy, short_gy), ACLNN_SUCCESS);
@@ -107,7 +107,6 @@ static void test_view_past_allocation(void)
     CHECK_EQ_INT(aclDestroyTensor(padded), ACLNN_SUCCESS);
     CHECK_EQ_INT(aclrtFree(short_gy), ACL_SUCCESS);
     CHECK_EQ_INT(aclrtFree(big), ACL_SUCCESS);
-    (void)gy_dims;
     prob_free(&p);
 }
 
@@ -322,25 +321,13 @@ static void test_repeatable_rebinding(void)
         int64_t groups[2] = {run, 2};
         prob b;
         prob_init(&b, T, H, 1, 2, groups, 100 + (unsigned)run, 0);
-        CHECK_EQ_INT(aclSetInputTensorAddr(ex, 0, a.tgy, b.dgy), ACLNN_SUCCESS);
-        CHECK_EQ_INT(aclSetInputTensorAddr(ex, 1, a.tx, b.dx), ACLNN_SUCCESS);
-        CHECK_EQ_INT(aclSetInputTensorAddr(ex, 2, a.tw, b.dw), ACLNN_SUCCESS);
-        CHECK_EQ_INT(aclSetInputTensorAddr(ex, 3, a.tyo, b.dyo), ACLNN_SUCCESS);
-        CHECK_EQ_INT(aclSetInputTensorAddr(ex, 4, a.tgi, b.dgi), ACLNN_SUCCESS);
-        CHECK_EQ_INT(aclSetOutputTensorAddr(ex, 0, a.tgx, b.dgx), ACLNN_SUCCESS);
-        CHECK_EQ_INT(aclSetOutputTensorAddr(ex, 1, a.tgw, b.dgw), ACLNN_SUCCESS);
+        prob_rebind(ex, &a, &b);
         launch_sync(ex, g_stream);
         CHECK_EQ_INT(verify(&b, run + 2, 1, 0.75), 0);
         /* a's outputs still hold a's results. */
         CHECK_EQ_INT(verify(&a, 3, 1, 0.75), 0);
         /* Rebind to a's buffers before b's are freed. */
-        CHECK_EQ_INT(aclSetInputTensorAddr(ex, 0, a.tgy, a.dgy), ACLNN_SUCCESS);
-        CHECK_EQ_INT(aclSetInputTensorAddr(ex, 1, a.tx, a.dx), ACLNN_SUCCESS);
-        CHECK_EQ_INT(aclSetInputTensorAddr(ex, 2, a.tw, a.dw), ACLNN_SUCCESS);
-        CHECK_EQ_INT(aclSetInputTensorAddr(ex, 3, a.tyo, a.dyo), ACLNN_SUCCESS);
-        CHECK_EQ_INT(aclSetInputTensorAddr(ex, 4, a.tgi, a.dgi), ACLNN_SUCCESS);
-        CHECK_EQ_INT(aclSetOutputTensorAddr(ex, 0, a.tgx, a.dgx), ACLNN_SUCCESS);
-        CHECK_EQ_INT(aclSetOutputTensorAddr(ex, 1, a.tgw, a.dgw), ACLNN_SUCCESS);
+        prob_rebind(ex, &a, &a);
         prob_free(&b);
     }
     /* Rebinding an output onto an input is caught at launch. */
@@ -419,13 +406,7 @@ static void test_null_addresses(void)
 {
     prob p;
     prob_init(&p, 5, 16, 1, -1, NULL, 9, 0);
-    int64_t gy_dims[2] = {5, 16}, x_dims[2] = {5, 32}, w_dims[2] = {5, 1};
-    p.tgy = tensor_at(ACL_FLOAT, 2, gy_dims, NULL);
-    p.tx = tensor_at(ACL_FLOAT, 2, x_dims, NULL);
-    p.tw = tensor_at(ACL_FLOAT, 2, w_dims, NULL);
-    p.tyo = tensor_at(ACL_FLOAT, 2, gy_dims, NULL);
-    p.tgx = tensor_at(ACL_FLOAT, 2, x_dims, NULL);
-    p.tgw = tensor_at(ACL_FLOAT, 2, w_dims, NULL);
+    prob_tensors(&p, 0);
     void *ws = dev_alloc(WS_BYTES);
     /* Single use, launched with NULL addresses. */
     aclOpExecutor *ex = phase1_ok(&p, -1.0);
