@@ -67,21 +67,67 @@ static inline aclTensor *tensor_at(aclDataType dt, uint64_t n, const int64_t *di
     return t;
 }
 
+/* ---- the operator's seven tensor parameters, in prototype order ---- */
+
+enum { PROB_INPUTS = 5, PROB_SLOTS = 7 };   /* slots 0-4 are inputs, 5-6 outputs */
+
+/* As the operator's messages name it. */
+static inline const char *prob_slot_name(size_t slot)
+{
+    static const char *const names[PROB_SLOTS] = {
+        "gradY", "x", "weightOptional", "yOriginOptional", "groupIndexOptional", "gradXOut",
+        "gradWeightOutOptional"};
+    return names[slot];
+}
+
+static inline aclTensor **prob_tensor_slot(prob *p, size_t slot)
+{
+    aclTensor **all[PROB_SLOTS] = {&p->tgy, &p->tx, &p->tw, &p->tyo, &p->tgi, &p->tgx, &p->tgw};
+    return all[slot];
+}
+
+static inline void **prob_buffer_slot(prob *p, size_t slot)
+{
+    void **all[PROB_SLOTS] = {&p->dgy, &p->dx, &p->dw, &p->dyo, &p->dgi, &p->dgx, &p->dgw};
+    return all[slot];
+}
+
+/* Whether p has the parameter at all (weight, yOrigin and gradWeight go together). */
+static inline int prob_has_slot(const prob *p, size_t slot)
+{
+    if (slot == 2 || slot == 3 || slot == 6) return p->weight;
+    if (slot == 4) return p->G >= 0;
+    return 1;
+}
+
+static inline aclDataType prob_slot_dtype(size_t slot)
+{
+    return slot == 4 ? ACL_INT64 : ACL_FLOAT;
+}
+
+/* The slot's contiguous shape in p; returns its rank. */
+static inline uint64_t prob_slot_dims(const prob *p, size_t slot, int64_t dims[2])
+{
+    if (slot == 4) {
+        dims[0] = p->G;
+        return 1;
+    }
+    dims[0] = p->T;
+    dims[1] = slot == 1 || slot == 5 ? 2 * p->H : slot == 0 || slot == 3 ? p->H : 1;
+    return 2;
+}
+
 /* Makes p's tensors (contiguous, of its shapes) on its device buffers, or with no device
  * address at all when `at_buffers` is 0. */
 static inline void prob_tensors(prob *p, int at_buffers)
 {
-    int64_t T = p->T, H = p->H, G = p->G;
-    int64_t gy_dims[2] = {T, H}, x_dims[2] = {T, 2 * H}, w_dims[2] = {T, 1}, gi_dims[1] = {G};
-    p->tgy = tensor_at(ACL_FLOAT, 2, gy_dims, at_buffers ? p->dgy : NULL);
-    p->tx = tensor_at(ACL_FLOAT, 2, x_dims, at_buffers ? p->dx : NULL);
-    p->tgx = tensor_at(ACL_FLOAT, 2, x_dims, at_buffers ? p->dgx : NULL);
-    if (p->weight) {
-        p->tw = tensor_at(ACL_FLOAT, 2, w_dims, at_buffers ? p->dw : NULL);
-        p->tyo = tensor_at(ACL_FLOAT, 2, gy_dims, at_buffers ? p->dyo : NULL);
-        p->tgw = tensor_at(ACL_FLOAT, 2, w_dims, at_buffers ? p->dgw : NULL);
+    for (size_t slot = 0; slot < PROB_SLOTS; slot++) {
+        if (!prob_has_slot(p, slot)) continue;
+        int64_t dims[2];
+        uint64_t rank = prob_slot_dims(p, slot, dims);
+        *prob_tensor_slot(p, slot) = tensor_at(prob_slot_dtype(slot), rank, dims,
+                                               at_buffers ? *prob_buffer_slot(p, slot) : NULL);
     }
-    if (G >= 0) p->tgi = tensor_at(ACL_INT64, 1, gi_dims, at_buffers ? p->dgi : NULL);
 }
 
 /* Fills host data from `seed`, uploads it, allocates fresh (0xFF) outputs; tensors are made
@@ -137,10 +183,8 @@ static inline void prob_free(prob *p)
     free(p->x);
     free(p->w);
     free(p->yo);
-    void **devs[] = {&p->dgy, &p->dx, &p->dw, &p->dyo, &p->dgi, &p->dgx, &p->dgw};
-    for (size_t i = 0; i < sizeof devs / sizeof devs[0]; i++) free_dev(devs[i]);
-    aclTensor **ts[] = {&p->tgy, &p->tx, &p->tw, &p->tyo, &p->tgi, &p->tgx, &p->tgw};
-    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) free_tensor(ts[i]);
+    for (size_t slot = 0; slot < PROB_SLOTS; slot++) free_dev(prob_buffer_slot(p, slot));
+    for (size_t slot = 0; slot < PROB_SLOTS; slot++) free_tensor(prob_tensor_slot(p, slot));
 }
 
 static inline int phase1(const prob *p, double clamp, uint64_t *ws, aclOpExecutor **ex)
@@ -153,19 +197,17 @@ static inline int phase1(const prob *p, double clamp, uint64_t *ws, aclOpExecuto
 
 /* Points every tensor of a repeatable executor, made at phase 1 from `handles`' tensors, at
  * `buffers`' device memory (a problem of the same shapes). */
-static inline void prob_rebind(aclOpExecutor *ex, const prob *handles, const prob *buffers)
+static inline void prob_rebind(aclOpExecutor *ex, prob *handles, prob *buffers)
 {
-    aclTensor *inputs[5] = {handles->tgy, handles->tx, handles->tw, handles->tyo, handles->tgi};
-    void *input_data[5] = {buffers->dgy, buffers->dx, buffers->dw, buffers->dyo, buffers->dgi};
-    aclTensor *outputs[2] = {handles->tgx, handles->tgw};
-    void *output_data[2] = {buffers->dgx, buffers->dgw};
-    for (size_t i = 0; i < 5; i++) {
-        if (inputs[i] == NULL) continue;
-        CHECK_EQ_INT(aclSetInputTensorAddr(ex, i, inputs[i], input_data[i]), ACLNN_SUCCESS);
-    }
-    for (size_t i = 0; i < 2; i++) {
-        if (outputs[i] == NULL) continue;
-        CHECK_EQ_INT(aclSetOutputTensorAddr(ex, i, outputs[i], output_data[i]), ACLNN_SUCCESS);
+    for (size_t slot = 0; slot < PROB_SLOTS; slot++) {
+        aclTensor *t = *prob_tensor_slot(handles, slot);
+        if (t == NULL) continue;
+        void *data = *prob_buffer_slot(buffers, slot);
+        if (slot < PROB_INPUTS) {
+            CHECK_EQ_INT(aclSetInputTensorAddr(ex, slot, t, data), ACLNN_SUCCESS);
+        } else {
+            CHECK_EQ_INT(aclSetOutputTensorAddr(ex, slot - PROB_INPUTS, t, data), ACLNN_SUCCESS);
+        }
     }
 }
 

@@ -52,27 +52,21 @@ static void test_wrapping_addresses(void)
     prob p;
     prob_init(&p, 2, 4, 1, 1, (const int64_t[]){2}, 5, 1);
     void *top = (void *)(uintptr_t)(UINTPTR_MAX - 31);   /* 32-byte aligned, 32 bytes below */
-    aclTensor **slots[] = {&p.tgy, &p.tx, &p.tw, &p.tyo, &p.tgi, &p.tgx, &p.tgw};
-    const char *names[] = {"gradY", "x", "weightOptional", "yOriginOptional",
-                           "groupIndexOptional", "gradXOut", "gradWeightOutOptional"};
-    for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++) {
-        aclTensor *saved = *slots[i];
-        uint64_t n = 0;
-        int64_t dims[2];
+    for (size_t i = 0; i < PROB_SLOTS; i++) {
+        aclTensor **slot = prob_tensor_slot(&p, i);
+        aclTensor *saved = *slot;
         /* Same shape as the real one, 64 elements past the top of the address space. */
-        dims[0] = i == 4 ? 1 : 2;
-        dims[1] = i == 0 || i == 3 ? 4 : i == 1 || i == 5 ? 8 : 1;
-        n = i == 4 ? 1 : 2;
-        aclDataType dt = i == 4 ? ACL_INT64 : ACL_FLOAT;
-        *slots[i] = aclCreateTensor(dims, n, dt, NULL, 64, ACL_FORMAT_ND, NULL, 0, top);
-        CHECK(*slots[i] != NULL);
+        int64_t dims[2];
+        uint64_t n = prob_slot_dims(&p, i, dims);
+        *slot = aclCreateTensor(dims, n, prob_slot_dtype(i), NULL, 64, ACL_FORMAT_ND, NULL, 0, top);
+        CHECK(*slot != NULL);
         uint64_t ws = 0;
         aclOpExecutor *ex = NULL;
-        CHECK_FAILS(phase1(&p, -1.0, &ws, &ex), ACLNN_ERR_PARAM_INVALID, PHASE1, names[i],
-                    "address space");
+        CHECK_FAILS(phase1(&p, -1.0, &ws, &ex), ACLNN_ERR_PARAM_INVALID, PHASE1,
+                    prob_slot_name(i), "address space");
         CHECK(ex == NULL);
-        CHECK_EQ_INT(aclDestroyTensor(*slots[i]), ACLNN_SUCCESS);
-        *slots[i] = saved;
+        CHECK_EQ_INT(aclDestroyTensor(*slot), ACLNN_SUCCESS);
+        *slot = saved;
     }
     /* Phase 2: a repeatable executor whose output address is moved to the top. */
     aclOpExecutor *ex = phase1_ok(&p, -1.0);

@@ -45,22 +45,17 @@ static void test_host_pointers_rejected(void)
     prob_init(&p, 4, 16, 1, 2, groups, 1, 1);
     uint64_t ws;
     aclOpExecutor *ex;
-    aclTensor **slots[] = {&p.tgy, &p.tx, &p.tw, &p.tyo, &p.tgi, &p.tgx, &p.tgw};
-    const char *names[] = {"gradY", "x", "weightOptional", "yOriginOptional",
-                           "groupIndexOptional", "gradXOut", "gradWeightOutOptional"};
-    for (int i = 0; i < 7; i++) {
-        void *saved = NULL;
+    for (size_t i = 0; i < PROB_SLOTS; i++) {
         /* Swap in a host address through aclSetRawTensorAddr; restore it afterwards. */
-        void *devs[] = {p.dgy, p.dx, p.dw, p.dyo, p.dgi, p.dgx, p.dgw};
-        saved = devs[i];
-        CHECK_EQ_INT(aclSetRawTensorAddr(*slots[i], i == 4 ? (void *)host_groups : (void *)host),
+        aclTensor *t = *prob_tensor_slot(&p, i);
+        CHECK_EQ_INT(aclSetRawTensorAddr(t, i == 4 ? (void *)host_groups : (void *)host),
                      ACLNN_SUCCESS);
         char what[96];
-        snprintf(what, sizeof what, "%s data", names[i]);
+        snprintf(what, sizeof what, "%s data", prob_slot_name(i));
         CHECK_FAILS(phase1(&p, -1.0, &ws, &ex), ACLNN_ERR_PARAM_INVALID, PHASE1, what,
                     "not device memory");
         CHECK(ex == NULL);
-        CHECK_EQ_INT(aclSetRawTensorAddr(*slots[i], saved), ACLNN_SUCCESS);
+        CHECK_EQ_INT(aclSetRawTensorAddr(t, *prob_buffer_slot(&p, i)), ACLNN_SUCCESS);
     }
     ex = phase1_ok(&p, -1.0);
     CHECK_EQ_INT(aclDestroyAclOpExecutor(ex), ACLNN_SUCCESS);
@@ -491,11 +486,9 @@ static void test_results_only_after_sync(void)
  * behind it is dropped; the stream is usable afterwards. */
 static void test_free_before_sync(void)
 {
-    static const char *const names[] = {"gradY", "x", "weightOptional", "yOriginOptional",
-                                        "groupIndexOptional", "gradXOut",
-                                        "gradWeightOutOptional", "workspace"};
     static const int64_t groups[2] = {2, 2};
-    for (int victim = 0; victim < 8; victim++) {
+    /* Each of the seven tensors' memory in turn, then the workspace. */
+    for (size_t victim = 0; victim <= PROB_SLOTS; victim++) {
         prob p, later;
         prob_init(&p, 4, 16, 1, 2, groups, 20 + (unsigned)victim, 1);
         prob_init(&later, 2, 16, 0, -1, NULL, 40 + (unsigned)victim, 1);
@@ -504,10 +497,11 @@ static void test_free_before_sync(void)
         CHECK_EQ_INT(aclnnSwigluGroupQuantGrad(ws, WS_BYTES, ex, g_stream), ACLNN_SUCCESS);
         aclOpExecutor *ex2 = phase1_ok(&later, -1.0);
         CHECK_EQ_INT(aclnnSwigluGroupQuantGrad(ws2, WS_BYTES, ex2, g_stream), ACLNN_SUCCESS);
-        void **devs[] = {&p.dgy, &p.dx, &p.dw, &p.dyo, &p.dgi, &p.dgx, &p.dgw, &ws};
-        free_dev(devs[victim]);
+        int workspace = victim == PROB_SLOTS;
+        free_dev(workspace ? &ws : prob_buffer_slot(&p, victim));
         CHECK_FAILS(aclrtSynchronizeStream(g_stream), ACL_ERROR_RT_AICORE_EXCEPTION,
-                    "aclrtSynchronizeStream", names[victim], "freed");
+                    "aclrtSynchronizeStream", workspace ? "workspace" : prob_slot_name(victim),
+                    "freed");
         if (victim != 5) CHECK(all_ff(p.dgx, 4 * 32 * sizeof(float)));
         /* The launch queued behind it was dropped. */
         CHECK(all_ff(later.dgx, 2 * 32 * sizeof(float)));
