@@ -69,7 +69,12 @@ static inline aclTensor *tensor_at(aclDataType dt, uint64_t n, const int64_t *di
 
 /* ---- the operator's seven tensor parameters, in prototype order ---- */
 
-enum { PROB_INPUTS = 5, PROB_SLOTS = 7 };   /* slots 0-4 are inputs, 5-6 outputs */
+enum {
+    PROB_GRAD_Y, PROB_X, PROB_WEIGHT, PROB_Y_ORIGIN, PROB_GROUP_INDEX,   /* inputs */
+    PROB_GRAD_X, PROB_GRAD_WEIGHT,                                       /* outputs */
+    PROB_SLOTS,
+    PROB_INPUTS = PROB_GRAD_X
+};
 
 /* As the operator's messages name it. */
 static inline const char *prob_slot_name(size_t slot)
@@ -95,25 +100,27 @@ static inline void **prob_buffer_slot(prob *p, size_t slot)
 /* Whether p has the parameter at all (weight, yOrigin and gradWeight go together). */
 static inline int prob_has_slot(const prob *p, size_t slot)
 {
-    if (slot == 2 || slot == 3 || slot == 6) return p->weight;
-    if (slot == 4) return p->G >= 0;
+    if (slot == PROB_WEIGHT || slot == PROB_Y_ORIGIN || slot == PROB_GRAD_WEIGHT) return p->weight;
+    if (slot == PROB_GROUP_INDEX) return p->G >= 0;
     return 1;
 }
 
 static inline aclDataType prob_slot_dtype(size_t slot)
 {
-    return slot == 4 ? ACL_INT64 : ACL_FLOAT;
+    return slot == PROB_GROUP_INDEX ? ACL_INT64 : ACL_FLOAT;
 }
 
 /* The slot's contiguous shape in p; returns its rank. */
 static inline uint64_t prob_slot_dims(const prob *p, size_t slot, int64_t dims[2])
 {
-    if (slot == 4) {
+    if (slot == PROB_GROUP_INDEX) {
         dims[0] = p->G;
         return 1;
     }
     dims[0] = p->T;
-    dims[1] = slot == 1 || slot == 5 ? 2 * p->H : slot == 0 || slot == 3 ? p->H : 1;
+    if (slot == PROB_X || slot == PROB_GRAD_X) dims[1] = 2 * p->H;
+    else if (slot == PROB_GRAD_Y || slot == PROB_Y_ORIGIN) dims[1] = p->H;
+    else dims[1] = 1;   /* weight and gradWeight: [T, 1] */
     return 2;
 }
 

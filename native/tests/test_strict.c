@@ -48,8 +48,8 @@ static void test_host_pointers_rejected(void)
     for (size_t i = 0; i < PROB_SLOTS; i++) {
         /* Swap in a host address through aclSetRawTensorAddr; restore it afterwards. */
         aclTensor *t = *prob_tensor_slot(&p, i);
-        CHECK_EQ_INT(aclSetRawTensorAddr(t, i == 4 ? (void *)host_groups : (void *)host),
-                     ACLNN_SUCCESS);
+        void *on_host = i == PROB_GROUP_INDEX ? (void *)host_groups : (void *)host;
+        CHECK_EQ_INT(aclSetRawTensorAddr(t, on_host), ACLNN_SUCCESS);
         char what[96];
         snprintf(what, sizeof what, "%s data", prob_slot_name(i));
         CHECK_FAILS(phase1(&p, -1.0, &ws, &ex), ACLNN_ERR_PARAM_INVALID, PHASE1, what,
@@ -502,7 +502,7 @@ static void test_free_before_sync(void)
         CHECK_FAILS(aclrtSynchronizeStream(g_stream), ACL_ERROR_RT_AICORE_EXCEPTION,
                     "aclrtSynchronizeStream", workspace ? "workspace" : prob_slot_name(victim),
                     "freed");
-        if (victim != 5) CHECK(all_ff(p.dgx, 4 * 32 * sizeof(float)));
+        if (victim != PROB_GRAD_X) CHECK(all_ff(p.dgx, 4 * 32 * sizeof(float)));
         /* The launch queued behind it was dropped. */
         CHECK(all_ff(later.dgx, 2 * 32 * sizeof(float)));
         CHECK_EQ_INT(aclrtSynchronizeStream(g_stream), ACL_SUCCESS);
