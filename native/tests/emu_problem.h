@@ -10,6 +10,7 @@
 
 #include "acl/acl.h"
 #include "aclnnop/aclnn_swiglu_group_quant_grad.h"
+#include "emu_operator_params.h"
 #include "emu_test.h"
 
 #define PHASE1 "aclnnSwigluGroupQuantGradGetWorkspaceSize"
@@ -67,59 +68,45 @@ static inline aclTensor *tensor_at(aclDataType dt, uint64_t n, const int64_t *di
     return t;
 }
 
-/* ---- the operator's seven tensor parameters, in prototype order ---- */
-
-enum {
-    PROB_GRAD_Y, PROB_X, PROB_WEIGHT, PROB_Y_ORIGIN, PROB_GROUP_INDEX,   /* inputs */
-    PROB_GRAD_X, PROB_GRAD_WEIGHT,                                       /* outputs */
-    PROB_SLOTS,
-    PROB_INPUTS = PROB_GRAD_X
-};
-
-/* As the operator's messages name it. */
-static inline const char *prob_slot_name(size_t slot)
-{
-    static const char *const names[PROB_SLOTS] = {
-        "gradY", "x", "weightOptional", "yOriginOptional", "groupIndexOptional", "gradXOut",
-        "gradWeightOutOptional"};
-    return names[slot];
-}
+/* ---- the problem's tensor and buffer of each operator parameter (emu_operator_params.h) ---- */
 
 static inline aclTensor **prob_tensor_slot(prob *p, size_t slot)
 {
-    aclTensor **all[PROB_SLOTS] = {&p->tgy, &p->tx, &p->tw, &p->tyo, &p->tgi, &p->tgx, &p->tgw};
+    aclTensor **all[OP_PARAMS] = {&p->tgy, &p->tx, &p->tw, &p->tyo, &p->tgi, &p->tgx, &p->tgw};
     return all[slot];
 }
 
 static inline void **prob_buffer_slot(prob *p, size_t slot)
 {
-    void **all[PROB_SLOTS] = {&p->dgy, &p->dx, &p->dw, &p->dyo, &p->dgi, &p->dgx, &p->dgw};
+    void **all[OP_PARAMS] = {&p->dgy, &p->dx, &p->dw, &p->dyo, &p->dgi, &p->dgx, &p->dgw};
     return all[slot];
 }
 
 /* Whether p has the parameter at all (weight, yOrigin and gradWeight go together). */
 static inline int prob_has_slot(const prob *p, size_t slot)
 {
-    if (slot == PROB_WEIGHT || slot == PROB_Y_ORIGIN || slot == PROB_GRAD_WEIGHT) return p->weight;
-    if (slot == PROB_GROUP_INDEX) return p->G >= 0;
+    if (slot == OP_PARAM_WEIGHT || slot == OP_PARAM_Y_ORIGIN || slot == OP_PARAM_GRAD_WEIGHT) {
+        return p->weight;
+    }
+    if (slot == OP_PARAM_GROUP_INDEX) return p->G >= 0;
     return 1;
 }
 
 static inline aclDataType prob_slot_dtype(size_t slot)
 {
-    return slot == PROB_GROUP_INDEX ? ACL_INT64 : ACL_FLOAT;
+    return slot == OP_PARAM_GROUP_INDEX ? ACL_INT64 : ACL_FLOAT;
 }
 
 /* The slot's contiguous shape in p; returns its rank. */
 static inline uint64_t prob_slot_dims(const prob *p, size_t slot, int64_t dims[2])
 {
-    if (slot == PROB_GROUP_INDEX) {
+    if (slot == OP_PARAM_GROUP_INDEX) {
         dims[0] = p->G;
         return 1;
     }
     dims[0] = p->T;
-    if (slot == PROB_X || slot == PROB_GRAD_X) dims[1] = 2 * p->H;
-    else if (slot == PROB_GRAD_Y || slot == PROB_Y_ORIGIN) dims[1] = p->H;
+    if (slot == OP_PARAM_X || slot == OP_PARAM_GRAD_X) dims[1] = 2 * p->H;
+    else if (slot == OP_PARAM_GRAD_Y || slot == OP_PARAM_Y_ORIGIN) dims[1] = p->H;
     else dims[1] = 1;   /* weight and gradWeight: [T, 1] */
     return 2;
 }
@@ -128,7 +115,7 @@ static inline uint64_t prob_slot_dims(const prob *p, size_t slot, int64_t dims[2
  * address at all when `at_buffers` is 0. */
 static inline void prob_tensors(prob *p, int at_buffers)
 {
-    for (size_t slot = 0; slot < PROB_SLOTS; slot++) {
+    for (size_t slot = 0; slot < OP_PARAMS; slot++) {
         if (!prob_has_slot(p, slot)) continue;
         int64_t dims[2];
         uint64_t rank = prob_slot_dims(p, slot, dims);
@@ -190,8 +177,8 @@ static inline void prob_free(prob *p)
     free(p->x);
     free(p->w);
     free(p->yo);
-    for (size_t slot = 0; slot < PROB_SLOTS; slot++) free_dev(prob_buffer_slot(p, slot));
-    for (size_t slot = 0; slot < PROB_SLOTS; slot++) free_tensor(prob_tensor_slot(p, slot));
+    for (size_t slot = 0; slot < OP_PARAMS; slot++) free_dev(prob_buffer_slot(p, slot));
+    for (size_t slot = 0; slot < OP_PARAMS; slot++) free_tensor(prob_tensor_slot(p, slot));
 }
 
 static inline int phase1(const prob *p, double clamp, uint64_t *ws, aclOpExecutor **ex)
@@ -206,14 +193,14 @@ static inline int phase1(const prob *p, double clamp, uint64_t *ws, aclOpExecuto
  * `buffers`' device memory (a problem of the same shapes). */
 static inline void prob_rebind(aclOpExecutor *ex, prob *handles, prob *buffers)
 {
-    for (size_t slot = 0; slot < PROB_SLOTS; slot++) {
+    for (size_t slot = 0; slot < OP_PARAMS; slot++) {
         aclTensor *t = *prob_tensor_slot(handles, slot);
         if (t == NULL) continue;
         void *data = *prob_buffer_slot(buffers, slot);
-        if (slot < PROB_INPUTS) {
+        if (slot < OP_INPUTS) {
             CHECK_EQ_INT(aclSetInputTensorAddr(ex, slot, t, data), ACLNN_SUCCESS);
         } else {
-            CHECK_EQ_INT(aclSetOutputTensorAddr(ex, slot - PROB_INPUTS, t, data), ACLNN_SUCCESS);
+            CHECK_EQ_INT(aclSetOutputTensorAddr(ex, slot - OP_INPUTS, t, data), ACLNN_SUCCESS);
         }
     }
 }

@@ -52,7 +52,7 @@ static void test_wrapping_addresses(void)
     prob p;
     prob_init(&p, 2, 4, 1, 1, (const int64_t[]){2}, 5, 1);
     void *top = (void *)(uintptr_t)(UINTPTR_MAX - 31);   /* 32-byte aligned, 32 bytes below */
-    for (size_t i = 0; i < PROB_SLOTS; i++) {
+    for (size_t i = 0; i < OP_PARAMS; i++) {
         aclTensor **slot = prob_tensor_slot(&p, i);
         aclTensor *saved = *slot;
         /* Same shape as the real one, 64 elements past the top of the address space. */
@@ -63,7 +63,7 @@ static void test_wrapping_addresses(void)
         uint64_t ws = 0;
         aclOpExecutor *ex = NULL;
         CHECK_FAILS(phase1(&p, -1.0, &ws, &ex), ACLNN_ERR_PARAM_INVALID, PHASE1,
-                    prob_slot_name(i), "address space");
+                    op_param_name(i), "address space");
         CHECK(ex == NULL);
         CHECK_EQ_INT(aclDestroyTensor(*slot), ACLNN_SUCCESS);
         *slot = saved;

@@ -45,13 +45,13 @@ static void test_host_pointers_rejected(void)
     prob_init(&p, 4, 16, 1, 2, groups, 1, 1);
     uint64_t ws;
     aclOpExecutor *ex;
-    for (size_t i = 0; i < PROB_SLOTS; i++) {
+    for (size_t i = 0; i < OP_PARAMS; i++) {
         /* Swap in a host address through aclSetRawTensorAddr; restore it afterwards. */
         aclTensor *t = *prob_tensor_slot(&p, i);
-        void *on_host = i == PROB_GROUP_INDEX ? (void *)host_groups : (void *)host;
+        void *on_host = i == OP_PARAM_GROUP_INDEX ? (void *)host_groups : (void *)host;
         CHECK_EQ_INT(aclSetRawTensorAddr(t, on_host), ACLNN_SUCCESS);
         char what[96];
-        snprintf(what, sizeof what, "%s data", prob_slot_name(i));
+        snprintf(what, sizeof what, "%s data", op_param_name(i));
         CHECK_FAILS(phase1(&p, -1.0, &ws, &ex), ACLNN_ERR_PARAM_INVALID, PHASE1, what,
                     "not device memory");
         CHECK(ex == NULL);
@@ -488,7 +488,7 @@ static void test_free_before_sync(void)
 {
     static const int64_t groups[2] = {2, 2};
     /* Each of the seven tensors' memory in turn, then the workspace. */
-    for (size_t victim = 0; victim <= PROB_SLOTS; victim++) {
+    for (size_t victim = 0; victim <= OP_PARAMS; victim++) {
         prob p, later;
         prob_init(&p, 4, 16, 1, 2, groups, 20 + (unsigned)victim, 1);
         prob_init(&later, 2, 16, 0, -1, NULL, 40 + (unsigned)victim, 1);
@@ -497,12 +497,12 @@ static void test_free_before_sync(void)
         CHECK_EQ_INT(aclnnSwigluGroupQuantGrad(ws, WS_BYTES, ex, g_stream), ACLNN_SUCCESS);
         aclOpExecutor *ex2 = phase1_ok(&later, -1.0);
         CHECK_EQ_INT(aclnnSwigluGroupQuantGrad(ws2, WS_BYTES, ex2, g_stream), ACLNN_SUCCESS);
-        int workspace = victim == PROB_SLOTS;
+        int workspace = victim == OP_PARAMS;
         free_dev(workspace ? &ws : prob_buffer_slot(&p, victim));
         CHECK_FAILS(aclrtSynchronizeStream(g_stream), ACL_ERROR_RT_AICORE_EXCEPTION,
-                    "aclrtSynchronizeStream", workspace ? "workspace" : prob_slot_name(victim),
+                    "aclrtSynchronizeStream", workspace ? "workspace" : op_param_name(victim),
                     "freed");
-        if (victim != PROB_GRAD_X) CHECK(all_ff(p.dgx, 4 * 32 * sizeof(float)));
+        if (victim != OP_PARAM_GRAD_X) CHECK(all_ff(p.dgx, 4 * 32 * sizeof(float)));
         /* The launch queued behind it was dropped. */
         CHECK(all_ff(later.dgx, 2 * 32 * sizeof(float)));
         CHECK_EQ_INT(aclrtSynchronizeStream(g_stream), ACL_SUCCESS);
