@@ -9,8 +9,8 @@
 #include <string.h>
 
 #include "acl/acl.h"
-#include "acl_emu/acl_emu.h"
 #include "aclnnop/aclnn_swiglu_group_quant_grad.h"
+#include "emu_operator_params.h"
 #include "emu_test.h"
 
 #define PHASE1 "aclnnSwigluGroupQuantGradGetWorkspaceSize"
@@ -68,6 +68,62 @@ static inline aclTensor *tensor_at(aclDataType dt, uint64_t n, const int64_t *di
     return t;
 }
 
+/* ---- the problem's tensor and buffer of each operator parameter (emu_operator_params.h) ---- */
+
+static inline aclTensor **prob_tensor_slot(prob *p, size_t slot)
+{
+    aclTensor **all[OP_PARAMS] = {&p->tgy, &p->tx, &p->tw, &p->tyo, &p->tgi, &p->tgx, &p->tgw};
+    return all[slot];
+}
+
+static inline void **prob_buffer_slot(prob *p, size_t slot)
+{
+    void **all[OP_PARAMS] = {&p->dgy, &p->dx, &p->dw, &p->dyo, &p->dgi, &p->dgx, &p->dgw};
+    return all[slot];
+}
+
+/* Whether p has the parameter at all (weight, yOrigin and gradWeight go together). */
+static inline int prob_has_slot(const prob *p, size_t slot)
+{
+    if (slot == OP_PARAM_WEIGHT || slot == OP_PARAM_Y_ORIGIN || slot == OP_PARAM_GRAD_WEIGHT) {
+        return p->weight;
+    }
+    if (slot == OP_PARAM_GROUP_INDEX) return p->G >= 0;
+    return 1;
+}
+
+static inline aclDataType prob_slot_dtype(size_t slot)
+{
+    return slot == OP_PARAM_GROUP_INDEX ? ACL_INT64 : ACL_FLOAT;
+}
+
+/* The slot's contiguous shape in p; returns its rank. */
+static inline uint64_t prob_slot_dims(const prob *p, size_t slot, int64_t dims[2])
+{
+    if (slot == OP_PARAM_GROUP_INDEX) {
+        dims[0] = p->G;
+        return 1;
+    }
+    dims[0] = p->T;
+    if (slot == OP_PARAM_X || slot == OP_PARAM_GRAD_X) dims[1] = 2 * p->H;
+    else if (slot == OP_PARAM_GRAD_Y || slot == OP_PARAM_Y_ORIGIN) dims[1] = p->H;
+    else dims[1] = 1;   /* weight and gradWeight: [T, 1] */
+    return 2;
+}
+
+/* Makes p's tensors (contiguous, of its shapes) on its device buffers, or with no device
+ * address at all when `at_buffers` is 0. */
+static inline void prob_tensors(prob *p, int at_buffers)
+{
+    for (size_t slot = 0; slot < OP_PARAMS; slot++) {
+        if (!prob_has_slot(p, slot)) continue;
+        int64_t dims[2];
+        uint64_t rank = prob_slot_dims(p, slot, dims);
+        *prob_tensor_slot(p, slot) = tensor_at(prob_slot_dtype(slot), rank, dims,
+                                               at_buffers ? *prob_buffer_slot(p, slot) : NULL);
+    }
+}
+
 /* Fills host data from `seed`, uploads it, allocates fresh (0xFF) outputs; tensors are made
  * when `tensors` is set. G >= 0 adds an INT64 groupIndex tensor holding `groups`. */
 static inline void prob_init(prob *p, int64_t T, int64_t H, int weight, int64_t G, const int64_t *groups,
@@ -100,17 +156,7 @@ static inline void prob_init(prob *p, int64_t T, int64_t H, int weight, int64_t 
         for (int64_t g = 0; g < G; g++) p->groups[g] = groups[g];
         p->dgi = dev_upload(p->groups, (size_t)(G > 0 ? G : 1) * sizeof(int64_t));
     }
-    if (!tensors) return;
-    int64_t gy_dims[2] = {T, H}, x_dims[2] = {T, 2 * H}, w_dims[2] = {T, 1}, gi_dims[1] = {G};
-    p->tgy = tensor_at(ACL_FLOAT, 2, gy_dims, p->dgy);
-    p->tx = tensor_at(ACL_FLOAT, 2, x_dims, p->dx);
-    p->tgx = tensor_at(ACL_FLOAT, 2, x_dims, p->dgx);
-    if (weight) {
-        p->tw = tensor_at(ACL_FLOAT, 2, w_dims, p->dw);
-        p->tyo = tensor_at(ACL_FLOAT, 2, gy_dims, p->dyo);
-        p->tgw = tensor_at(ACL_FLOAT, 2, w_dims, p->dgw);
-    }
-    if (G >= 0) p->tgi = tensor_at(ACL_INT64, 1, gi_dims, p->dgi);
+    if (tensors) prob_tensors(p, 1);
 }
 
 static inline void free_dev(void **d)
@@ -131,10 +177,8 @@ static inline void prob_free(prob *p)
     free(p->x);
     free(p->w);
     free(p->yo);
-    void **devs[] = {&p->dgy, &p->dx, &p->dw, &p->dyo, &p->dgi, &p->dgx, &p->dgw};
-    for (size_t i = 0; i < sizeof devs / sizeof devs[0]; i++) free_dev(devs[i]);
-    aclTensor **ts[] = {&p->tgy, &p->tx, &p->tw, &p->tyo, &p->tgi, &p->tgx, &p->tgw};
-    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) free_tensor(ts[i]);
+    for (size_t slot = 0; slot < OP_PARAMS; slot++) free_dev(prob_buffer_slot(p, slot));
+    for (size_t slot = 0; slot < OP_PARAMS; slot++) free_tensor(prob_tensor_slot(p, slot));
 }
 
 static inline int phase1(const prob *p, double clamp, uint64_t *ws, aclOpExecutor **ex)
@@ -143,6 +187,22 @@ static inline int phase1(const prob *p, double clamp, uint64_t *ws, aclOpExecuto
     *ws = 0;
     return aclnnSwigluGroupQuantGradGetWorkspaceSize(p->tgy, p->tx, p->tw, p->tyo, p->tgi, clamp,
                                                      p->tgx, p->tgw, ws, ex);
+}
+
+/* Points every tensor of a repeatable executor, made at phase 1 from `handles`' tensors, at
+ * `buffers`' device memory (a problem of the same shapes). */
+static inline void prob_rebind(aclOpExecutor *ex, prob *handles, prob *buffers)
+{
+    for (size_t slot = 0; slot < OP_PARAMS; slot++) {
+        aclTensor *t = *prob_tensor_slot(handles, slot);
+        if (t == NULL) continue;
+        void *data = *prob_buffer_slot(buffers, slot);
+        if (slot < OP_INPUTS) {
+            CHECK_EQ_INT(aclSetInputTensorAddr(ex, slot, t, data), ACLNN_SUCCESS);
+        } else {
+            CHECK_EQ_INT(aclSetOutputTensorAddr(ex, slot - OP_INPUTS, t, data), ACLNN_SUCCESS);
+        }
+    }
 }
 
 /* Phase 1 that must succeed with a 16 KiB workspace request. */
@@ -262,25 +322,6 @@ static inline void launch_sync(aclOpExecutor *ex, aclrtStream stream)
     CHECK_EQ_INT(aclnnSwigluGroupQuantGrad(ws, WS_BYTES, ex, stream), ACLNN_SUCCESS);
     CHECK_EQ_INT(aclrtSynchronizeStream(stream), ACL_SUCCESS);
     CHECK_EQ_INT(aclrtFree(ws), ACL_SUCCESS);
-}
-
-/* Live handles of every kind, to check that a test left none behind. */
-typedef struct {
-    int64_t count[ACL_EMU_KIND_COUNT];
-} live_counts;
-
-static inline live_counts live_counts_now(void)
-{
-    live_counts c;
-    for (int k = 0; k < ACL_EMU_KIND_COUNT; k++) c.count[k] = aclEmuLiveCount((aclEmuHandleKind)k);
-    return c;
-}
-
-static inline void check_live_counts(const live_counts *before)
-{
-    for (int k = 0; k < ACL_EMU_KIND_COUNT; k++) {
-        CHECK_EQ_INT(aclEmuLiveCount((aclEmuHandleKind)k), before->count[k]);
-    }
 }
 
 #endif

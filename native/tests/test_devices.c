@@ -8,6 +8,7 @@
 
 #include "acl_emu/acl_emu.h"
 #include "emu_problem.h"
+#include "emu_session.h"
 
 static void test_get_device(void)
 {
@@ -172,18 +173,14 @@ static void test_threads_share_a_device(void)
 
 int main(void)
 {
-    unsetenv("ACL_SWIGLU_ABI");
-    unsetenv("ACL_EMU_ABI");
     setenv("ACL_EMU_DEVICES", "3", 1);
-    CHECK_EQ_INT(aclInit(NULL), ACL_SUCCESS);
-    live_counts start = live_counts_now();
+    emu_session session = emu_session_begin(EMU_SESSION_RUNTIME);
     test_get_device();
     test_runtime_resources();
     test_synchronize_device_is_per_device();
     test_operator_across_devices();
     test_threads_share_a_device();
-    check_live_counts(&start);
-    CHECK_EQ_INT(aclFinalize(), ACL_SUCCESS);
+    emu_session_end(&session);
     /* Default: one device. */
     unsetenv("ACL_EMU_DEVICES");
     CHECK_EQ_INT(aclInit(NULL), ACL_SUCCESS);

@@ -12,6 +12,7 @@
 
 #include "acl_emu/acl_emu.h"
 #include "emu_problem.h"
+#include "emu_session.h"
 
 #define CHILD_TIME_LIMIT_SECONDS 120
 
@@ -180,19 +181,13 @@ static void test_fork_while_busy(void)
 
 int main(void)
 {
-    unsetenv("ACL_SWIGLU_ABI");
-    unsetenv("ACL_EMU_ABI");
-    CHECK_EQ_INT(aclInit(NULL), ACL_SUCCESS);
-    CHECK_EQ_INT(aclrtSetDevice(0), ACL_SUCCESS);
+    emu_session session = emu_session_begin(EMU_SESSION_DEVICE);
     CHECK_EQ_INT(aclEmuSetThreads(2), ACL_SUCCESS);
-    live_counts start = live_counts_now();
     test_fork_while_draining();
     /* Not in the AddressSanitizer build: GCC 12's sanitizer runtime does not hold its own
      * allocator's locks across fork(), so a child forked while a busy thread is inside malloc
      * can hang in the runtime itself. The plain build runs this case every time. */
     if (!ADDRESS_SANITIZER_BUILD) test_fork_while_busy();
-    check_live_counts(&start);
-    CHECK_EQ_INT(aclrtResetDevice(0), ACL_SUCCESS);
-    CHECK_EQ_INT(aclFinalize(), ACL_SUCCESS);
+    emu_session_end(&session);
     return emu_test_finish("test_fork");
 }

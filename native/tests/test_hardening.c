@@ -7,6 +7,7 @@
 
 #include "acl_emu/acl_emu.h"
 #include "emu_problem.h"
+#include "emu_session.h"
 
 static aclrtStream g_stream;
 
@@ -51,27 +52,21 @@ static void test_wrapping_addresses(void)
     prob p;
     prob_init(&p, 2, 4, 1, 1, (const int64_t[]){2}, 5, 1);
     void *top = (void *)(uintptr_t)(UINTPTR_MAX - 31);   /* 32-byte aligned, 32 bytes below */
-    aclTensor **slots[] = {&p.tgy, &p.tx, &p.tw, &p.tyo, &p.tgi, &p.tgx, &p.tgw};
-    const char *names[] = {"gradY", "x", "weightOptional", "yOriginOptional",
-                           "groupIndexOptional", "gradXOut", "gradWeightOutOptional"};
-    for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++) {
-        aclTensor *saved = *slots[i];
-        uint64_t n = 0;
-        int64_t dims[2];
+    for (size_t i = 0; i < OP_PARAMS; i++) {
+        aclTensor **slot = prob_tensor_slot(&p, i);
+        aclTensor *saved = *slot;
         /* Same shape as the real one, 64 elements past the top of the address space. */
-        dims[0] = i == 4 ? 1 : 2;
-        dims[1] = i == 0 || i == 3 ? 4 : i == 1 || i == 5 ? 8 : 1;
-        n = i == 4 ? 1 : 2;
-        aclDataType dt = i == 4 ? ACL_INT64 : ACL_FLOAT;
-        *slots[i] = aclCreateTensor(dims, n, dt, NULL, 64, ACL_FORMAT_ND, NULL, 0, top);
-        CHECK(*slots[i] != NULL);
+        int64_t dims[2];
+        uint64_t n = prob_slot_dims(&p, i, dims);
+        *slot = aclCreateTensor(dims, n, prob_slot_dtype(i), NULL, 64, ACL_FORMAT_ND, NULL, 0, top);
+        CHECK(*slot != NULL);
         uint64_t ws = 0;
         aclOpExecutor *ex = NULL;
-        CHECK_FAILS(phase1(&p, -1.0, &ws, &ex), ACLNN_ERR_PARAM_INVALID, PHASE1, names[i],
-                    "address space");
+        CHECK_FAILS(phase1(&p, -1.0, &ws, &ex), ACLNN_ERR_PARAM_INVALID, PHASE1,
+                    op_param_name(i), "address space");
         CHECK(ex == NULL);
-        CHECK_EQ_INT(aclDestroyTensor(*slots[i]), ACLNN_SUCCESS);
-        *slots[i] = saved;
+        CHECK_EQ_INT(aclDestroyTensor(*slot), ACLNN_SUCCESS);
+        *slot = saved;
     }
     /* Phase 2: a repeatable executor whose output address is moved to the top. */
     aclOpExecutor *ex = phase1_ok(&p, -1.0);
@@ -182,20 +177,13 @@ static void test_empty_grad_weight_without_weight(void)
 
 int main(void)
 {
-    unsetenv("ACL_SWIGLU_ABI");
-    unsetenv("ACL_EMU_ABI");
-    CHECK_EQ_INT(aclInit(NULL), ACL_SUCCESS);
-    CHECK_EQ_INT(aclrtSetDevice(0), ACL_SUCCESS);
-    CHECK_EQ_INT(aclrtCreateStream(&g_stream), ACL_SUCCESS);
-    live_counts start = live_counts_now();
+    emu_session session = emu_session_begin(EMU_SESSION_DEVICE_STREAM);
+    g_stream = session.stream;
     test_extent_overflow_at_create();
     test_wrapping_addresses();
     test_self_overlap_with_huge_strides();
     test_dead_handles_everywhere();
     test_empty_grad_weight_without_weight();
-    check_live_counts(&start);
-    CHECK_EQ_INT(aclrtDestroyStream(g_stream), ACL_SUCCESS);
-    CHECK_EQ_INT(aclrtResetDevice(0), ACL_SUCCESS);
-    CHECK_EQ_INT(aclFinalize(), ACL_SUCCESS);
+    emu_session_end(&session);
     return emu_test_finish("test_hardening");
 }

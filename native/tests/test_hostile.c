@@ -11,6 +11,7 @@
 
 #include "acl_emu/acl_emu.h"
 #include "emu_problem.h"
+#include "emu_session.h"
 
 static aclrtStream g_stream;
 
@@ -325,12 +326,8 @@ static void test_wrapping_copy_ranges(void)
 
 int main(void)
 {
-    unsetenv("ACL_SWIGLU_ABI");
-    unsetenv("ACL_EMU_ABI");
-    CHECK_EQ_INT(aclInit(NULL), ACL_SUCCESS);
-    CHECK_EQ_INT(aclrtSetDevice(0), ACL_SUCCESS);
-    CHECK_EQ_INT(aclrtCreateStream(&g_stream), ACL_SUCCESS);
-    live_counts start = live_counts_now();
+    emu_session session = emu_session_begin(EMU_SESSION_DEVICE_STREAM);
+    g_stream = session.stream;
     test_reused_tensor_address_is_not_the_phase1_handle();
     test_destroy_stream_with_queued_work();
     test_bad_workspaces();
@@ -339,9 +336,6 @@ int main(void)
     test_error_message_order();
     test_caller_fp_environment();
     test_wrapping_copy_ranges();
-    check_live_counts(&start);
-    CHECK_EQ_INT(aclrtDestroyStream(g_stream), ACL_SUCCESS);
-    CHECK_EQ_INT(aclrtResetDevice(0), ACL_SUCCESS);
-    CHECK_EQ_INT(aclFinalize(), ACL_SUCCESS);
+    emu_session_end(&session);
     return emu_test_finish("test_hostile");
 }

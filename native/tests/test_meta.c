@@ -9,13 +9,12 @@
 #include "acl/acl.h"
 #include "acl_emu/acl_emu.h"
 #include "aclnnop/aclnn_swiglu_group_quant_grad.h"
+#include "emu_session.h"
 #include "emu_test.h"
 
 #define PHASE1 "aclnnSwigluGroupQuantGradGetWorkspaceSize"
 
 /* ---- helpers ---- */
-
-static int64_t live_start[ACL_EMU_KIND_COUNT];
 
 static void drain_message(void)
 {
@@ -461,21 +460,9 @@ static void test_set_tensor_addr_updates_handle(void)
     CHECK_EQ_INT(aclrtFree(d), ACL_SUCCESS);
 }
 
-static void test_live_counts_restored(void)
-{
-    for (int k = 0; k < ACL_EMU_KIND_COUNT; k++) {
-        CHECK_EQ_INT(aclEmuLiveCount((aclEmuHandleKind)k), live_start[k]);
-    }
-}
-
 int main(void)
 {
-    CHECK_EQ_INT(aclInit(NULL), ACL_SUCCESS);
-    CHECK_EQ_INT(aclrtSetDevice(0), ACL_SUCCESS);
-    unsetenv("ACL_SWIGLU_ABI");
-    for (int k = 0; k < ACL_EMU_KIND_COUNT; k++) {
-        live_start[k] = aclEmuLiveCount((aclEmuHandleKind)k);
-    }
+    emu_session session = emu_session_begin(EMU_SESSION_DEVICE);
     test_create_tensor_rejections();
     test_create_tensor_accepted();
     test_tensor_dims_are_copied();
@@ -486,8 +473,6 @@ int main(void)
     test_set_tensor_addr_rules();
     test_set_tensor_addr_revision1();
     test_set_tensor_addr_updates_handle();
-    test_live_counts_restored();
-    CHECK_EQ_INT(aclrtResetDevice(0), ACL_SUCCESS);
-    CHECK_EQ_INT(aclFinalize(), ACL_SUCCESS);
+    emu_session_end(&session);
     return emu_test_finish("test_meta");
 }

@@ -10,6 +10,8 @@
 #include "acl/acl.h"
 #include "acl_emu/acl_emu.h"
 #include "aclnnop/aclnn_swiglu_group_quant_grad.h"
+#include "emu_operator_params.h"
+#include "emu_session.h"
 #include "emu_test.h"
 
 #define PHASE1 "aclnnSwigluGroupQuantGradGetWorkspaceSize: "
@@ -102,13 +104,9 @@ static op_args full_args(aclDataType io)
     return a;
 }
 
-static const char *const param_names[7] = {"gradY", "x", "weightOptional", "yOriginOptional",
-                                           "groupIndexOptional", "gradXOut",
-                                           "gradWeightOutOptional"};
-
 static const aclTensor **param(op_args *a, int i)
 {
-    const aclTensor **all[7] = {&a->gy, &a->x, &a->w, &a->yo, &a->gi, &a->gx, &a->gw};
+    const aclTensor **all[OP_PARAMS] = {&a->gy, &a->x, &a->w, &a->yo, &a->gi, &a->gx, &a->gw};
     return all[i];
 }
 
@@ -172,8 +170,8 @@ static void test_dead_and_foreign_handles(void)
         int64_t junk[64];
     } foreign = {{0}};
     char name_colon[64];
-    for (int i = 0; i < 7; i++) {
-        snprintf(name_colon, sizeof name_colon, PHASE1 "%s: ", param_names[i]);
+    for (int i = 0; i < OP_PARAMS; i++) {
+        snprintf(name_colon, sizeof name_colon, PHASE1 "%s: ", op_param_name(i));
         op_args a = good;
         *param(&a, i) = dead_tensor();
         CHECK_FAILS(phase1(a), ACLNN_ERR_PARAM_INVALID, name_colon, "already destroyed");
@@ -277,12 +275,12 @@ static void test_formats(void)
                                         ACL_FORMAT_UNDEFINED};
     static const char *const format_names[] = {"NCHW", "NHWC", "NCL", "UNDEFINED"};
     char expected[128];
-    for (int i = 0; i < 7; i++) {
+    for (int i = 0; i < OP_PARAMS; i++) {
         for (size_t f = 0; f < sizeof formats / sizeof formats[0]; f++) {
             op_args a = good;
-            uint64_t n = i == 4 ? 1 : 2;
+            uint64_t n = i == OP_PARAM_GROUP_INDEX ? 1 : 2;
             *param(&a, i) = mkf(types[i], formats[f], n, dims[i]);
-            snprintf(expected, sizeof expected, PHASE1 "%s has format %s", param_names[i],
+            snprintf(expected, sizeof expected, PHASE1 "%s has format %s", op_param_name(i),
                      format_names[f]);
             CHECK_FAILS(phase1(a), ACLNN_ERR_PARAM_INVALID, expected, "ND");
         }
@@ -734,12 +732,7 @@ static void test_empty_tensors(void)
 
 int main(void)
 {
-    CHECK_EQ_INT(aclInit(NULL), ACL_SUCCESS);
-    CHECK_EQ_INT(aclrtSetDevice(0), ACL_SUCCESS);
-    use_abi(NULL);
-    unsetenv("ACL_EMU_ABI");
-    int64_t start[ACL_EMU_KIND_COUNT];
-    for (int k = 0; k < ACL_EMU_KIND_COUNT; k++) start[k] = aclEmuLiveCount((aclEmuHandleKind)k);
+    emu_session session = emu_session_begin(EMU_SESSION_DEVICE);
     test_null_pointers();
     test_dead_and_foreign_handles();
     test_group_index_kind_per_revision();
@@ -757,10 +750,6 @@ int main(void)
     test_clamp_limit_revision2();
     test_clamp_limit_revision1();
     test_empty_tensors();
-    for (int k = 0; k < ACL_EMU_KIND_COUNT; k++) {
-        CHECK_EQ_INT(aclEmuLiveCount((aclEmuHandleKind)k), start[k]);
-    }
-    CHECK_EQ_INT(aclrtResetDevice(0), ACL_SUCCESS);
-    CHECK_EQ_INT(aclFinalize(), ACL_SUCCESS);
+    emu_session_end(&session);
     return emu_test_finish("test_op_validation");
 }

@@ -9,12 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "acl/acl.h"
 #include "acl_emu/acl_emu.h"
-#include "aclnnop/aclnn_swiglu_group_quant_grad.h"
-#include "emu_test.h"
-
 #include "emu_problem.h"
+#include "emu_session.h"
 
 static aclrtStream g_stream;
 
@@ -48,22 +45,17 @@ static void test_host_pointers_rejected(void)
     prob_init(&p, 4, 16, 1, 2, groups, 1, 1);
     uint64_t ws;
     aclOpExecutor *ex;
-    aclTensor **slots[] = {&p.tgy, &p.tx, &p.tw, &p.tyo, &p.tgi, &p.tgx, &p.tgw};
-    const char *names[] = {"gradY", "x", "weightOptional", "yOriginOptional",
-                           "groupIndexOptional", "gradXOut", "gradWeightOutOptional"};
-    for (int i = 0; i < 7; i++) {
-        void *saved = NULL;
+    for (size_t i = 0; i < OP_PARAMS; i++) {
         /* Swap in a host address through aclSetRawTensorAddr; restore it afterwards. */
-        void *devs[] = {p.dgy, p.dx, p.dw, p.dyo, p.dgi, p.dgx, p.dgw};
-        saved = devs[i];
-        CHECK_EQ_INT(aclSetRawTensorAddr(*slots[i], i == 4 ? (void *)host_groups : (void *)host),
-                     ACLNN_SUCCESS);
+        aclTensor *t = *prob_tensor_slot(&p, i);
+        void *on_host = i == OP_PARAM_GROUP_INDEX ? (void *)host_groups : (void *)host;
+        CHECK_EQ_INT(aclSetRawTensorAddr(t, on_host), ACLNN_SUCCESS);
         char what[96];
-        snprintf(what, sizeof what, "%s data", names[i]);
+        snprintf(what, sizeof what, "%s data", op_param_name(i));
         CHECK_FAILS(phase1(&p, -1.0, &ws, &ex), ACLNN_ERR_PARAM_INVALID, PHASE1, what,
                     "not device memory");
         CHECK(ex == NULL);
-        CHECK_EQ_INT(aclSetRawTensorAddr(*slots[i], saved), ACLNN_SUCCESS);
+        CHECK_EQ_INT(aclSetRawTensorAddr(t, *prob_buffer_slot(&p, i)), ACLNN_SUCCESS);
     }
     ex = phase1_ok(&p, -1.0);
     CHECK_EQ_INT(aclDestroyAclOpExecutor(ex), ACLNN_SUCCESS);
@@ -76,7 +68,7 @@ static void test_view_past_allocation(void)
     prob_init(&p, 4, 16, 0, -1, NULL, 2, 1);
     uint64_t ws;
     aclOpExecutor *ex;
-    int64_t gy_dims[2] = {4, 16}, x_dims[2] = {4, 32};
+    int64_t x_dims[2] = {4, 32};
     /* One element short. */
     void *short_gy = dev_alloc(4 * 16 * sizeof(float) - sizeof(float));
     CHECK_EQ_INT(aclSetRawTensorAddr(p.tgy, short_gy), ACLNN_SUCCESS);
@@ -110,7 +102,6 @@ static void test_view_past_allocation(void)
     CHECK_EQ_INT(aclDestroyTensor(padded), ACLNN_SUCCESS);
     CHECK_EQ_INT(aclrtFree(short_gy), ACL_SUCCESS);
     CHECK_EQ_INT(aclrtFree(big), ACL_SUCCESS);
-    (void)gy_dims;
     prob_free(&p);
 }
 
@@ -325,25 +316,13 @@ static void test_repeatable_rebinding(void)
         int64_t groups[2] = {run, 2};
         prob b;
         prob_init(&b, T, H, 1, 2, groups, 100 + (unsigned)run, 0);
-        CHECK_EQ_INT(aclSetInputTensorAddr(ex, 0, a.tgy, b.dgy), ACLNN_SUCCESS);
-        CHECK_EQ_INT(aclSetInputTensorAddr(ex, 1, a.tx, b.dx), ACLNN_SUCCESS);
-        CHECK_EQ_INT(aclSetInputTensorAddr(ex, 2, a.tw, b.dw), ACLNN_SUCCESS);
-        CHECK_EQ_INT(aclSetInputTensorAddr(ex, 3, a.tyo, b.dyo), ACLNN_SUCCESS);
-        CHECK_EQ_INT(aclSetInputTensorAddr(ex, 4, a.tgi, b.dgi), ACLNN_SUCCESS);
-        CHECK_EQ_INT(aclSetOutputTensorAddr(ex, 0, a.tgx, b.dgx), ACLNN_SUCCESS);
-        CHECK_EQ_INT(aclSetOutputTensorAddr(ex, 1, a.tgw, b.dgw), ACLNN_SUCCESS);
+        prob_rebind(ex, &a, &b);
         launch_sync(ex, g_stream);
         CHECK_EQ_INT(verify(&b, run + 2, 1, 0.75), 0);
         /* a's outputs still hold a's results. */
         CHECK_EQ_INT(verify(&a, 3, 1, 0.75), 0);
         /* Rebind to a's buffers before b's are freed. */
-        CHECK_EQ_INT(aclSetInputTensorAddr(ex, 0, a.tgy, a.dgy), ACLNN_SUCCESS);
-        CHECK_EQ_INT(aclSetInputTensorAddr(ex, 1, a.tx, a.dx), ACLNN_SUCCESS);
-        CHECK_EQ_INT(aclSetInputTensorAddr(ex, 2, a.tw, a.dw), ACLNN_SUCCESS);
-        CHECK_EQ_INT(aclSetInputTensorAddr(ex, 3, a.tyo, a.dyo), ACLNN_SUCCESS);
-        CHECK_EQ_INT(aclSetInputTensorAddr(ex, 4, a.tgi, a.dgi), ACLNN_SUCCESS);
-        CHECK_EQ_INT(aclSetOutputTensorAddr(ex, 0, a.tgx, a.dgx), ACLNN_SUCCESS);
-        CHECK_EQ_INT(aclSetOutputTensorAddr(ex, 1, a.tgw, a.dgw), ACLNN_SUCCESS);
+        prob_rebind(ex, &a, &a);
         prob_free(&b);
     }
     /* Rebinding an output onto an input is caught at launch. */
@@ -422,13 +401,7 @@ static void test_null_addresses(void)
 {
     prob p;
     prob_init(&p, 5, 16, 1, -1, NULL, 9, 0);
-    int64_t gy_dims[2] = {5, 16}, x_dims[2] = {5, 32}, w_dims[2] = {5, 1};
-    p.tgy = tensor_at(ACL_FLOAT, 2, gy_dims, NULL);
-    p.tx = tensor_at(ACL_FLOAT, 2, x_dims, NULL);
-    p.tw = tensor_at(ACL_FLOAT, 2, w_dims, NULL);
-    p.tyo = tensor_at(ACL_FLOAT, 2, gy_dims, NULL);
-    p.tgx = tensor_at(ACL_FLOAT, 2, x_dims, NULL);
-    p.tgw = tensor_at(ACL_FLOAT, 2, w_dims, NULL);
+    prob_tensors(&p, 0);
     void *ws = dev_alloc(WS_BYTES);
     /* Single use, launched with NULL addresses. */
     aclOpExecutor *ex = phase1_ok(&p, -1.0);
@@ -513,11 +486,9 @@ static void test_results_only_after_sync(void)
  * behind it is dropped; the stream is usable afterwards. */
 static void test_free_before_sync(void)
 {
-    static const char *const names[] = {"gradY", "x", "weightOptional", "yOriginOptional",
-                                        "groupIndexOptional", "gradXOut",
-                                        "gradWeightOutOptional", "workspace"};
     static const int64_t groups[2] = {2, 2};
-    for (int victim = 0; victim < 8; victim++) {
+    /* Each of the seven tensors' memory in turn, then the workspace. */
+    for (size_t victim = 0; victim <= OP_PARAMS; victim++) {
         prob p, later;
         prob_init(&p, 4, 16, 1, 2, groups, 20 + (unsigned)victim, 1);
         prob_init(&later, 2, 16, 0, -1, NULL, 40 + (unsigned)victim, 1);
@@ -526,11 +497,12 @@ static void test_free_before_sync(void)
         CHECK_EQ_INT(aclnnSwigluGroupQuantGrad(ws, WS_BYTES, ex, g_stream), ACLNN_SUCCESS);
         aclOpExecutor *ex2 = phase1_ok(&later, -1.0);
         CHECK_EQ_INT(aclnnSwigluGroupQuantGrad(ws2, WS_BYTES, ex2, g_stream), ACLNN_SUCCESS);
-        void **devs[] = {&p.dgy, &p.dx, &p.dw, &p.dyo, &p.dgi, &p.dgx, &p.dgw, &ws};
-        free_dev(devs[victim]);
+        int workspace = victim == OP_PARAMS;
+        free_dev(workspace ? &ws : prob_buffer_slot(&p, victim));
         CHECK_FAILS(aclrtSynchronizeStream(g_stream), ACL_ERROR_RT_AICORE_EXCEPTION,
-                    "aclrtSynchronizeStream", names[victim], "freed");
-        if (victim != 5) CHECK(all_ff(p.dgx, 4 * 32 * sizeof(float)));
+                    "aclrtSynchronizeStream", workspace ? "workspace" : op_param_name(victim),
+                    "freed");
+        if (victim != OP_PARAM_GRAD_X) CHECK(all_ff(p.dgx, 4 * 32 * sizeof(float)));
         /* The launch queued behind it was dropped. */
         CHECK(all_ff(later.dgx, 2 * 32 * sizeof(float)));
         CHECK_EQ_INT(aclrtSynchronizeStream(g_stream), ACL_SUCCESS);
@@ -755,11 +727,8 @@ static void test_launch_after_finalize(void)
 
 int main(void)
 {
-    unsetenv("ACL_SWIGLU_ABI");
-    CHECK_EQ_INT(aclInit(NULL), ACL_SUCCESS);
-    CHECK_EQ_INT(aclrtSetDevice(0), ACL_SUCCESS);
-    CHECK_EQ_INT(aclrtCreateStream(&g_stream), ACL_SUCCESS);
-    live_counts start = live_counts_now();
+    emu_session session = emu_session_begin(EMU_SESSION_DEVICE_STREAM);
+    g_stream = session.stream;
     test_correct_run();
     test_host_pointers_rejected();
     test_view_past_allocation();
@@ -777,8 +746,7 @@ int main(void)
     test_thread_without_device();
     test_group_index_read_at_run_revision2();
     test_group_index_read_at_phase1_revision1();
-    check_live_counts(&start);
-    CHECK_EQ_INT(aclrtDestroyStream(g_stream), ACL_SUCCESS);
+    emu_session_release(&session);
     test_launch_after_finalize();
     return emu_test_finish("test_strict");
 }
