@@ -123,10 +123,6 @@ class Operator:
         return self.description.validate(arguments, revision, (DeviceArray,), "a DeviceArray", revision.host_inputs,
                                          True)
 
-    def arrays_of(self, arguments: Mapping[str, Any]) -> Dict[str, Any]:
-        """The tensor arguments, by slot name."""
-        return {name: arguments.get(name) for name in self.slot_names}
-
     def device_arrays(self, arguments: Mapping[str, Any], revision: Revision) -> Dict[str, DeviceArray]:
         """The device-array arguments (given ones only), by slot name."""
         return {name: arguments[name] for name in self.slot_names
