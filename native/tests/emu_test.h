@@ -23,14 +23,16 @@ static inline float f_bits(uint32_t u)
     return f;
 }
 
+/* Counted atomically: some tests check from several threads at once. */
 static int emu_test_failures;
 static int emu_test_checks;
+#define EMU_TEST_COUNT(counter) __atomic_fetch_add(&(counter), 1, __ATOMIC_RELAXED)
 
 #define CHECK(cond)                                                                          \
     do {                                                                                     \
-        emu_test_checks++;                                                                   \
+        EMU_TEST_COUNT(emu_test_checks);                                                   \
         if (!(cond)) {                                                                       \
-            emu_test_failures++;                                                             \
+            EMU_TEST_COUNT(emu_test_failures);                                             \
             fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);         \
         }                                                                                    \
     } while (0)
@@ -38,9 +40,9 @@ static int emu_test_checks;
 #define CHECK_EQ_INT(actual, expected)                                                       \
     do {                                                                                     \
         long long a_ = (long long)(actual), e_ = (long long)(expected);                      \
-        emu_test_checks++;                                                                   \
+        EMU_TEST_COUNT(emu_test_checks);                                                   \
         if (a_ != e_) {                                                                      \
-            emu_test_failures++;                                                             \
+            EMU_TEST_COUNT(emu_test_failures);                                             \
             fprintf(stderr, "%s:%d: %s is %lld, expected %lld\n", __FILE__, __LINE__,        \
                     #actual, a_, e_);                                                        \
         }                                                                                    \
@@ -50,9 +52,9 @@ static int emu_test_checks;
 #define CHECK_FAILS(call, code, ...)                                                         \
     do {                                                                                     \
         long long got_ = (long long)(call);                                                  \
-        emu_test_checks++;                                                                   \
+        EMU_TEST_COUNT(emu_test_checks);                                                   \
         if (got_ != (long long)(code)) {                                                     \
-            emu_test_failures++;                                                             \
+            EMU_TEST_COUNT(emu_test_failures);                                             \
             fprintf(stderr, "%s:%d: %s returned %lld, expected %lld\n", __FILE__, __LINE__,  \
                     #call, got_, (long long)(code));                                         \
         }                                                                                    \
@@ -64,15 +66,15 @@ static inline void emu_check_message(const char *file, int line, const char *wha
 {
     extern const char *aclGetRecentErrMsg(void);
     const char *message = aclGetRecentErrMsg();
-    emu_test_checks++;
+    EMU_TEST_COUNT(emu_test_checks);
     if (message == NULL) {
-        emu_test_failures++;
+        EMU_TEST_COUNT(emu_test_failures);
         fprintf(stderr, "%s:%d: %s left no error message\n", file, line, what);
         return;
     }
     for (; *fragments != NULL; fragments++) {
         if (strstr(message, *fragments) == NULL) {
-            emu_test_failures++;
+            EMU_TEST_COUNT(emu_test_failures);
             fprintf(stderr, "%s:%d: %s: message \"%s\" lacks \"%s\"\n", file, line, what, message,
                     *fragments);
         }
@@ -81,11 +83,13 @@ static inline void emu_check_message(const char *file, int line, const char *wha
 
 static inline int emu_test_finish(const char *name)
 {
-    if (emu_test_failures) {
-        fprintf(stderr, "%s: %d of %d checks failed\n", name, emu_test_failures, emu_test_checks);
+    int failures = __atomic_load_n(&emu_test_failures, __ATOMIC_RELAXED);
+    int checks = __atomic_load_n(&emu_test_checks, __ATOMIC_RELAXED);
+    if (failures) {
+        fprintf(stderr, "%s: %d of %d checks failed\n", name, failures, checks);
         return 1;
     }
-    printf("%s: all %d checks passed\n", name, emu_test_checks);
+    printf("%s: all %d checks passed\n", name, checks);
     return 0;
 }
 
