@@ -30,9 +30,9 @@ static int emu_test_checks;
 
 #define CHECK(cond)                                                                          \
     do {                                                                                     \
-        EMU_TEST_COUNT(emu_test_checks);                                                   \
+        EMU_TEST_COUNT(emu_test_checks);                                                     \
         if (!(cond)) {                                                                       \
-            EMU_TEST_COUNT(emu_test_failures);                                             \
+            EMU_TEST_COUNT(emu_test_failures);                                               \
             fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);         \
         }                                                                                    \
     } while (0)
@@ -40,9 +40,9 @@ static int emu_test_checks;
 #define CHECK_EQ_INT(actual, expected)                                                       \
     do {                                                                                     \
         long long a_ = (long long)(actual), e_ = (long long)(expected);                      \
-        EMU_TEST_COUNT(emu_test_checks);                                                   \
+        EMU_TEST_COUNT(emu_test_checks);                                                     \
         if (a_ != e_) {                                                                      \
-            EMU_TEST_COUNT(emu_test_failures);                                             \
+            EMU_TEST_COUNT(emu_test_failures);                                               \
             fprintf(stderr, "%s:%d: %s is %lld, expected %lld\n", __FILE__, __LINE__,        \
                     #actual, a_, e_);                                                        \
         }                                                                                    \
@@ -52,9 +52,9 @@ static int emu_test_checks;
 #define CHECK_FAILS(call, code, ...)                                                         \
     do {                                                                                     \
         long long got_ = (long long)(call);                                                  \
-        EMU_TEST_COUNT(emu_test_checks);                                                   \
+        EMU_TEST_COUNT(emu_test_checks);                                                     \
         if (got_ != (long long)(code)) {                                                     \
-            EMU_TEST_COUNT(emu_test_failures);                                             \
+            EMU_TEST_COUNT(emu_test_failures);                                               \
             fprintf(stderr, "%s:%d: %s returned %lld, expected %lld\n", __FILE__, __LINE__,  \
                     #call, got_, (long long)(code));                                         \
         }                                                                                    \
