@@ -102,6 +102,7 @@ class Operator:
         self.slot_count = len(self.slot_names)
         self.device_recipes: Dict[Tuple[Any, ...], _DeviceRecipe] = {}   # by _layout_key
         self.one_shot_layouts: Dict[Tuple[Any, ...], _OneShotLayout] = {}
+        self.last_call: Optional[_LastCall] = None   # the last lean device-level call
         c_names = {slot.c_name: slot.name for slot in description.inputs + description.outputs + description.scalars}
         self._c_names = c_names
         self._c_name_pattern = re.compile(r"\b(" + "|".join(map(re.escape, c_names)) + r")\b")
@@ -369,40 +370,74 @@ def device_call(operator: Operator, values: Sequence[Any], stream: Optional[Stre
     elif type(stream) is not Stream or stream._handle is None:
         stream = stream_argument(stream)
     epoch = close_epoch[0]   # (before the open checks: a close from here on shows in it)
-    key: List[Any] = [revision.abi]
-    handles: List[Any] = []
-    lives: List[Life] = []
-    add_key, add_handle, add_life = key.append, handles.append, lives.append
     inputs = operator.input_count
+    last = operator.last_call
+    if last is not None and last.epoch == epoch and last.abi == revision.abi and last.stream is stream._life:
+        # The same arguments as the last lean call, and nothing closed since: still open, same
+        # tensors, same layouts. Only a write on another stream can have happened meanwhile.
+        for index, (array, bound) in enumerate(zip(values, last.bounds)):
+            if array is not bound and (type(array) is not DeviceArray or array._bound is not bound):
+                break
+            if index < inputs and array is not None:
+                pending = array.pending
+                if pending is not None and pending is not stream:
+                    array.wait_for_writer()   # written on another stream
+        else:
+            return _launch_bound(operator, values, stream, epoch, last.recipe, last.arguments, list(last.lives))
+    bounds: List[Any] = []
+    lives: List[Life] = []
+    add_bound, add_life = bounds.append, lives.append
     recipe = None
     for index, array in enumerate(values):
-        if array is None:
-            add_key(None)
-            add_handle(None)
-            continue
         kind = type(array)
         if kind is DeviceArray:
             bound = array._bound   # (address, life, layout id) of its tensor
             if bound is None or bound[1].closed:
                 break
-            add_key(bound[2])
-            add_handle(bound[0])
+            add_bound(bound)
             add_life(bound[1])
             if index < inputs:
                 pending = array.pending
                 if pending is not None and pending is not stream:
                     array.wait_for_writer()   # written on another stream
-        elif kind is float or kind is int or kind is bool:
-            add_key((kind, array))   # a scalar
+        elif array is None or kind is float or kind is int or kind is bool:
+            add_bound(array)   # an absent argument, or a scalar
         else:
             break
     else:
-        recipe = operator.device_recipes.get(tuple(key))
+        key = tuple([revision.abi] + [None if b is None else b[2] if type(b) is tuple else (type(b), b)
+                                      for b in bounds])   # (as _layout_key makes it)
+        recipe = operator.device_recipes.get(key)
     if recipe is None or not recipe.complete:
         return _general_device_call(operator, revision, dict(zip(operator.argument_names, values)), stream)
+    slots = operator.slot_count
+    handles = [None if b is None else b[0] for b in bounds[:slots]]
+    arguments = (*handles[:inputs], *recipe.scalars, *handles[inputs:])
+    operator.last_call = _LastCall(epoch, revision.abi, stream._life, tuple(bounds), arguments, tuple(lives), recipe)
+    return _launch_bound(operator, values, stream, epoch, recipe, arguments, lives)
+
+
+class _LastCall(NamedTuple):
+    """An operator's last lean device-level call: a call with the same arguments (the same
+    objects: the arrays by their tensor bindings) on the same stream, nothing closed since, goes
+    straight to its launch."""
+
+    epoch: int
+    abi: int
+    stream: Life
+    bounds: Tuple[Any, ...]     # per argument: a DeviceArray's _bound, else the value itself
+    arguments: Tuple[Any, ...]  # phase 1's arguments before &workspaceSize and &executor
+    lives: Tuple[Life, ...]     # what the call pins
+    recipe: "_DeviceRecipe"
+
+
+def _launch_bound(operator: Operator, values: Sequence[Any], stream: Stream, epoch: int, recipe: "_DeviceRecipe",
+                  arguments: Tuple[Any, ...], lives: List[Life]) -> List[Optional[DeviceArray]]:
+    """Both phases of a lean device-level call on checked arguments; `lives` are pinned for the
+    call's length, with the stream's pooled workspace."""
     workspace = stream._workspace
     if workspace is not None:
-        add_life(workspace._life)
+        lives.append(workspace._life)
     pin(lives)   # a close() from another thread now waits for the end of this call
     try:
         if close_epoch[0] != epoch:
@@ -410,9 +445,7 @@ def device_call(operator: Operator, values: Sequence[Any], stream: Optional[Stre
         api = runtime_api()
         size = ctypes.c_uint64()
         executor = ctypes.c_void_p()
-        del handles[operator.slot_count:]   # (the scalars' places)
-        status = getattr(api.hot, operator.description.phase1)(
-            *handles[:inputs], *recipe.scalars, *handles[inputs:], ctypes.byref(size), ctypes.byref(executor))
+        status = getattr(api.hot, operator.description.phase1)(*arguments, ctypes.byref(size), ctypes.byref(executor))
         if status:
             operator.check_status(api, status, operator.description.phase1)
         nbytes = size.value
