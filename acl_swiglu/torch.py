@@ -358,6 +358,10 @@ class _NoDerivative(torch.autograd.Function):
         raise NotImplementedError(NO_DERIVATIVE)
 
 
+# torch declares Function.apply without annotations: this is what it returns here.
+_apply_no_derivative = cast(Callable[..., Tuple[torch.Tensor, torch.Tensor]], _NoDerivative.apply)
+
+
 def _below_autograd(grad_y: torch.Tensor, x: torch.Tensor, **options: Any) -> Tuple[torch.Tensor, torch.Tensor]:
     with torch._C._AutoDispatchBelowAutograd():
         return cast(Tuple[torch.Tensor, torch.Tensor], torch.ops.acl_swiglu.swiglu_group_quant_grad(grad_y, x, **options))
@@ -372,8 +376,7 @@ def _autograd(grad_y: torch.Tensor, x: torch.Tensor, *, weight: Optional[torch.T
             # torch.func cannot carry an autograd.Function's node from inside an operator
             # kernel: the derivative would be missing, so refuse now.
             raise NotImplementedError(NO_DERIVATIVE)
-        return cast(Tuple[torch.Tensor, torch.Tensor],
-                    _NoDerivative.apply(grad_y, x, weight, y_origin, group_index, clamp_limit))
+        return _apply_no_derivative(grad_y, x, weight, y_origin, group_index, clamp_limit)
     return _below_autograd(grad_y, x, weight=weight, y_origin=y_origin, group_index=group_index,
                            clamp_limit=clamp_limit)
 
