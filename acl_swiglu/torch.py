@@ -334,7 +334,8 @@ torch.library.register_fake(OP_NAME, _fake, lib=_LIBRARY)
 
 NO_DERIVATIVE = (f"{OP_NAME} has no derivative: it is itself the backward of swiglu, so second-order gradients "
                  "through acl_swiglu.torch.swiglu (create_graph=True, torch.func.grad of a grad, hessians) and "
-                 "gradients of the operator's own outputs are not supported")
+                 "gradients of the operator's own outputs are not supported (where no gradient is wanted, call it "
+                 "under torch.no_grad() or on detached tensors)")
 
 
 class _NoDerivative(torch.autograd.Function):
