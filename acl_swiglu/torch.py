@@ -26,7 +26,8 @@ import torch
 
 import acl_swiglu
 from acl_swiglu import ArgumentError, DeviceArray, DeviceBuffer, Stream, bfloat16
-from acl_swiglu._validate import check_clamp_limit
+from acl_swiglu._validate import Rules, check_clamp_limit
+from acl_swiglu.op import REVISIONS
 
 __all__ = ["SwiGLU", "swiglu", "swiglu_group_quant_grad", "TensorLayout", "tensor_layout"]
 
@@ -102,13 +103,20 @@ def _check_same_device(x: torch.Tensor, named: Dict[str, Optional[torch.Tensor]]
                                 "device")
 
 
+def _revision_rules() -> Rules:
+    """The shape rules of the ABI revision calls use (revision 1: ranks 2-3, weight [..., 1]), so
+    the fake implementation refuses what the real one will."""
+    return cast(Rules, REVISIONS[acl_swiglu.abi_revision()].rules)
+
+
 def _check_x(x: torch.Tensor) -> None:
     """x: a fused [..., 2H] tensor of an operator dtype."""
     _check_tensor("x", x)
     if x.dtype not in IO_DTYPES:
         raise ArgumentError(f"x has dtype {x.dtype}; it must be torch.float32, torch.float16 or torch.bfloat16")
-    if not 1 <= x.dim() <= MAX_RANK:
-        raise ArgumentError(f"x has {x.dim()} dims; it must have 1 to {MAX_RANK}")
+    rules = _revision_rules()
+    if not rules.min_rank <= x.dim() <= rules.max_rank:
+        raise ArgumentError(f"x has {x.dim()} dims; it must have {rules.min_rank} to {rules.max_rank} ({rules.text})")
     if x.shape[-1] % 2 != 0:
         raise ArgumentError(f"x has shape {tuple(x.shape)}; its last dim must be even (gate and value halves)")
 
@@ -122,9 +130,14 @@ def _check_weight(weight: torch.Tensor, x: torch.Tensor, *, operator: bool) -> N
     rows = math.prod(x.shape[:-1])
     if weight.numel() != rows:
         raise ArgumentError(f"weight has {weight.numel()} elements; it must have one per row of x ({rows})")
-    if operator and not 1 <= weight.dim() <= MAX_RANK:
-        raise ArgumentError(f"weight has {weight.dim()} dims; it must have 1 to {MAX_RANK} (e.g. "
-                            f"{tuple(x.shape[:-1]) + (1,)})")
+    if not operator:
+        return
+    rows_then_one = tuple(x.shape[:-1]) + (1,)
+    if _revision_rules().weight_trailing_one and tuple(weight.shape) != rows_then_one:
+        raise ArgumentError(f"weight has shape {tuple(weight.shape)}; {_revision_rules().text} needs x's leading "
+                            f"dims followed by 1: {rows_then_one}")
+    if not 1 <= weight.dim() <= MAX_RANK:
+        raise ArgumentError(f"weight has {weight.dim()} dims; it must have 1 to {MAX_RANK} (e.g. {rows_then_one})")
 
 
 def _check_group_index(group_index: Optional[torch.Tensor]) -> None:

@@ -288,6 +288,33 @@ def test_fake_and_real_kernels_refuse_the_same_calls(case):
     assert str(fake.value) == str(real.value)
 
 
+@pytest.mark.emulator_only
+@pytest.mark.parametrize("abi", [1, 2], indirect=True)
+def test_fake_and_real_kernels_follow_the_abi_revisions_shape_rules(abi):
+    """Revision 1 takes ranks 2-3 and weight [..., 1] only; the fake kernel knows it too."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    calls = {"rank-1": (torch.zeros(8), torch.zeros(16), {}),
+             "rank-4": (torch.zeros(1, 1, 2, 8), torch.zeros(1, 1, 2, 16), {}),
+             "weight-[T]": (torch.zeros(2, 8), torch.zeros(2, 16), dict(weight=torch.ones(2), y_origin=torch.zeros(2, 8)))}
+    for name, (grad_y, x, kwargs) in calls.items():
+        with FakeTensorMode() as mode:
+            fake_kwargs = {k: mode.from_tensor(v) for k, v in kwargs.items()}
+            try:
+                fake = OP(mode.from_tensor(grad_y), mode.from_tensor(x), **fake_kwargs)[0].shape
+            except ArgumentError as error:
+                fake = str(error)
+        try:
+            real = OP(grad_y, x, **kwargs)[0].shape
+        except ArgumentError as error:
+            real = str(error)
+        assert fake == real, name
+        assert (real == x.shape) == (abi == 2), (name, real)
+        if abi == 1:
+            assert "ABI revision 1" in real
+            with pytest.raises(ArgumentError, match="ABI revision 1"):   # swiglu too, in its forward
+                at.swiglu(x) if x.dim() != 2 else at.swiglu_group_quant_grad(grad_y, x, **kwargs)
+
+
 # ---- odd but valid views: the one-shot bits, inputs untouched ----
 
 
