@@ -631,10 +631,7 @@ def _use_in_child(queue):
         queue.put((type(error).__name__, str(error)))
 
 
-@pytest.mark.emulator_only
-def test_a_forked_child_gets_a_clear_error_not_a_hang():
-    grad_y, x, _, _ = _problem()
-    at.swiglu_group_quant_grad(grad_y, x)   # the parent has initialised the backend
+def _fork_and_use():
     context = multiprocessing.get_context("fork")
     queue = context.Queue()
     child = context.Process(target=_use_in_child, args=(queue,))
@@ -644,5 +641,33 @@ def test_a_forked_child_gets_a_clear_error_not_a_hang():
         child.kill()
         child.join()
         pytest.fail("the forked child hung")
-    kind, message = queue.get(timeout=10)
-    assert kind == "AclError" and "forked" in message and "'spawn'" in message, (kind, message)
+    return queue.get(timeout=10)
+
+
+@pytest.mark.emulator_only
+@pytest.mark.parametrize("busy_threads", [0, 2])
+def test_a_forked_child_gets_a_clear_error_not_a_hang(busy_threads):
+    """Forked after the parent used the backend, also while other threads are inside calls."""
+    grad_y, x, _, _ = _problem(rows=64, hidden=256)
+    at.swiglu_group_quant_grad(grad_y, x)   # the parent has initialised the backend
+    stop = threading.Event()
+    started = threading.Barrier(busy_threads + 1)
+
+    def busy():
+        started.wait()
+        while not stop.is_set():
+            at.swiglu_group_quant_grad(grad_y, x, clamp_limit=1.0)
+
+    threads = [threading.Thread(target=busy) for _ in range(busy_threads)]
+    for thread in threads:
+        thread.start()
+    try:
+        started.wait()
+        outcomes = [_fork_and_use() for _ in range(3)]
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+    for kind, message in outcomes:
+        assert kind == "AclError" and "forked" in message and "'spawn'" in message, (kind, message)
+    assert at.swiglu_group_quant_grad(grad_y, x)[0].shape == x.shape   # the parent still works
