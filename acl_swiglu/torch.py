@@ -50,8 +50,8 @@ NPU_BASE_FORMATS = {0: "NCHW", 1: "NHWC", 2: "ND", 30: "NCDHW"}
 
 
 def _clamp_argument(clamp_limit: float) -> Optional[float]:
-    """The schema's float as the NumPy API's clamp_limit: None when it is the "off" value, which
-    the operator recognises after converting it to fp32 (as it does); otherwise the NumPy API's rule."""
+    """The schema's float as the NumPy API's clamp_limit: None for "off", which is -1.0 after the
+    conversion to fp32 the operator makes; any other value must pass the NumPy API's rule."""
     # The schema has already made any number a float; a symbolic float (a trace) is decided on
     # its value here, as the real implementation will be.
     value = float(clamp_limit)
