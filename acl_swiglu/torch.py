@@ -351,17 +351,22 @@ NO_DERIVATIVE = (f"{OP_NAME} has no derivative: it is itself the backward of swi
                  "under torch.no_grad() or on detached tensors)")
 
 
+_OVERLOAD = torch.ops.acl_swiglu.swiglu_group_quant_grad.default
+_AFTER_AUTOGRAD = torch._C._after_autograd_keyset
+
+
 class _NoDerivative(torch.autograd.Function):
     """The operator on inputs that require grad: its outputs carry a backward that refuses.
     Without it torch would only warn and give no gradient, a second-order gradient that silently
     leaves this part out. (torch.library.register_autograd does not take keyword-only tensors.)"""
 
     @staticmethod
-    def forward(grad_y: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
+    def forward(keyset: Any, grad_y: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
                 y_origin: Optional[torch.Tensor], group_index: Optional[torch.Tensor],
                 clamp_limit: float) -> Tuple[torch.Tensor, torch.Tensor]:
-        return _below_autograd(grad_y, x, weight=weight, y_origin=y_origin, group_index=group_index,
-                               clamp_limit=clamp_limit)
+        with torch._C._AutoDispatchBelowAutograd():
+            return _below_autograd(keyset, grad_y, x, weight=weight, y_origin=y_origin, group_index=group_index,
+                                   clamp_limit=clamp_limit)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: Tuple[Any, ...], output: Tuple[torch.Tensor, torch.Tensor]) -> None:
@@ -376,26 +381,33 @@ class _NoDerivative(torch.autograd.Function):
 _apply_no_derivative = cast(Callable[..., Tuple[torch.Tensor, torch.Tensor]], _NoDerivative.apply)
 
 
-def _below_autograd(grad_y: torch.Tensor, x: torch.Tensor, **options: Any) -> Tuple[torch.Tensor, torch.Tensor]:
-    with torch._C._AutoDispatchBelowAutograd():
-        return cast(Tuple[torch.Tensor, torch.Tensor], torch.ops.acl_swiglu.swiglu_group_quant_grad(grad_y, x, **options))
+def _below_autograd(keyset: Any, grad_y: torch.Tensor, x: torch.Tensor,
+                    **options: Any) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The CPU, NPU or fake implementation, whichever the dispatcher chose below autograd."""
+    return cast(Tuple[torch.Tensor, torch.Tensor], _OVERLOAD.redispatch(keyset & _AFTER_AUTOGRAD, grad_y, x, **options))
 
 
-def _autograd(grad_y: torch.Tensor, x: torch.Tensor, *, weight: Optional[torch.Tensor] = None,
+def _requires_grad(tensor: Optional[torch.Tensor]) -> bool:
+    return tensor is not None and tensor.requires_grad   # a missing required tensor arrives as None
+
+
+def _autograd(keyset: Any, grad_y: torch.Tensor, x: torch.Tensor, *, weight: Optional[torch.Tensor] = None,
               y_origin: Optional[torch.Tensor] = None, group_index: Optional[torch.Tensor] = None,
               clamp_limit: float = CLAMP_OFF) -> Tuple[torch.Tensor, torch.Tensor]:
-    tensors = [t for t in (grad_y, x, weight, y_origin) if isinstance(t, torch.Tensor)]
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+    if torch.is_grad_enabled() and (_requires_grad(grad_y) or _requires_grad(x) or _requires_grad(weight)
+                                    or _requires_grad(y_origin)):
         if torch._C._are_functorch_transforms_active():
             # torch.func cannot carry an autograd.Function's node from inside an operator
             # kernel: the derivative would be missing, so refuse now.
             raise NotImplementedError(NO_DERIVATIVE)
-        return _apply_no_derivative(grad_y, x, weight, y_origin, group_index, clamp_limit)
-    return _below_autograd(grad_y, x, weight=weight, y_origin=y_origin, group_index=group_index,
+        return _apply_no_derivative(keyset, grad_y, x, weight, y_origin, group_index, clamp_limit)
+    return _below_autograd(keyset, grad_y, x, weight=weight, y_origin=y_origin, group_index=group_index,
                            clamp_limit=clamp_limit)
 
 
-_LIBRARY.impl("swiglu_group_quant_grad", _autograd, "Autograd")
+# A Python kernel costs a few microseconds per call; redispatching below autograd with the
+# keyset it was called with keeps that to one hop.
+_LIBRARY.impl("swiglu_group_quant_grad", _autograd, "Autograd", with_keyset=True)
 
 
 def swiglu_group_quant_grad(grad_y: torch.Tensor, x: torch.Tensor, *, weight: Optional[torch.Tensor] = None,

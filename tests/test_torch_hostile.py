@@ -107,6 +107,15 @@ def test_the_raw_operator_names_the_argument_of_the_wrong_kind(name, backend_unt
         OP(arguments.pop("grad_y"), arguments.pop("x"), **arguments)
 
 
+def test_the_raw_operator_refuses_a_missing_required_tensor(backend_untouched):
+    """The schema lets None through for a Tensor argument; the kernels refuse it by name."""
+    grad_y, x, _, _ = _problem()
+    with pytest.raises(TypeError, match="^grad_y must be a torch.Tensor, got NoneType"):
+        OP(None, x)
+    with pytest.raises(TypeError, match="^x must be a torch.Tensor, got NoneType"):
+        OP(grad_y.requires_grad_(), None)
+
+
 @pytest.mark.parametrize("name", ["weight", "group_index"])
 @pytest.mark.parametrize("value", NOT_TENSORS, ids=lambda v: type(v).__name__)
 def test_swiglu_refuses_what_is_not_a_tensor(name, value):
