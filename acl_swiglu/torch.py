@@ -13,18 +13,21 @@ Importing this module needs torch (the ``torch`` extra); ``import acl_swiglu`` n
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import math
 import sys
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple, cast
+from typing import Any, Callable, ContextManager, Dict, Optional, Sequence, Tuple, cast
 
 import numpy as np
 import torch
 
 import acl_swiglu
 from acl_swiglu import ArgumentError, DeviceArray, DeviceBuffer, Stream, bfloat16
+from acl_swiglu._validate import Rules, check_clamp_limit
+from acl_swiglu.op import REVISIONS
 
 __all__ = ["SwiGLU", "swiglu", "swiglu_group_quant_grad", "TensorLayout", "tensor_layout"]
 
@@ -47,36 +50,98 @@ NPU_BASE_FORMATS = {0: "NCHW", 1: "NHWC", 2: "ND", 30: "NCDHW"}
 
 
 def _clamp_argument(clamp_limit: float) -> Optional[float]:
-    """The schema's float as the NumPy API's clamp_limit: None when it is the -1.0 "off"."""
-    if float(np.float32(clamp_limit)) == CLAMP_OFF:
+    """The schema's float as the NumPy API's clamp_limit: None for "off", which is -1.0 after the
+    conversion to fp32 the operator makes; any other value must pass the NumPy API's rule."""
+    # The schema has already made any number a float; a symbolic float (a trace) is decided on
+    # its value here, as the real implementation will be.
+    value = float(clamp_limit)
+    if -2.0 < value < 0.0 and float(np.float32(value)) == CLAMP_OFF:
         return None
-    if not clamp_limit > 0:   # NaN included
-        raise ArgumentError(f"clamp_limit must be -1.0 (off) or > 0, got {clamp_limit!r}")
-    return float(clamp_limit)
+    if not value > 0:   # NaN included
+        raise ArgumentError(f"clamp_limit must be -1.0 (off) or > 0, got {value!r}")
+    if math.isinf(value):
+        raise ArgumentError(f"clamp_limit must be -1.0 (off) or a finite number > 0, got {value!r}")
+    return check_clamp_limit(value)   # within fp32's range, and not rounding to 0 in fp32
+
+
+def _clamp_option(clamp_limit: object) -> Optional[float]:
+    """The Python-level clamp_limit: None (off) or a real number > 0 that fp32 holds; the NumPy
+    API's rule, so bools, strings and tensors are refused, as are inf and values fp32 cannot hold."""
+    if isinstance(clamp_limit, (int, float)) and not isinstance(clamp_limit, bool) and not clamp_limit > 0:
+        raise ArgumentError(f"clamp_limit must be None (off) or > 0, got {clamp_limit!r}")   # NaN included
+    return check_clamp_limit(clamp_limit)
+
+
+def _check_type(name: str, value: object, optional: bool = False) -> None:
+    """`name` is a torch.Tensor (or None, when optional)."""
+    if not (isinstance(value, torch.Tensor) or (optional and value is None)):
+        kind = "a torch.Tensor or None" if optional else "a torch.Tensor"
+        raise TypeError(f"{name} must be {kind}, got {type(value).__name__}")
+
+
+def _check_tensor(name: str, value: object, optional: bool = False) -> None:
+    """`name` is a dense torch.Tensor (or None, when optional)."""
+    _check_type(name, value, optional)
+    if isinstance(value, torch.Tensor) and (value.layout != torch.strided or value.is_nested):
+        raise ArgumentError(f"{name} is a {'nested' if value.is_nested else value.layout} tensor; the operator "
+                            "takes dense (torch.strided) tensors (convert with .to_dense())")
+
+
+def _check_flag(name: str, value: object) -> bool:
+    """A bool option: a string or a tensor is refused rather than taken for its truth value."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return bool(value)
+
+
+def _check_same_device(x: torch.Tensor, named: Dict[str, Optional[torch.Tensor]]) -> None:
+    """Every tensor on x's device: torch would run a mixed call on the "highest" device alone (a
+    meta tensor among CPU ones makes the whole call a shape-only one, with unwritten outputs)."""
+    for name, tensor in named.items():
+        if tensor is not None and tensor.device != x.device:
+            raise ArgumentError(f"{name} is on {tensor.device} but x is on {x.device}: all tensors must be on one "
+                                "device")
+
+
+def _revision_rules() -> Rules:
+    """The shape rules of the ABI revision calls use (revision 1: ranks 2-3, weight [..., 1]), so
+    the fake implementation refuses what the real one will."""
+    return cast(Rules, REVISIONS[acl_swiglu.abi_revision()].rules)
 
 
 def _check_x(x: torch.Tensor) -> None:
     """x: a fused [..., 2H] tensor of an operator dtype."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    _check_tensor("x", x)
     if x.dtype not in IO_DTYPES:
         raise ArgumentError(f"x has dtype {x.dtype}; it must be torch.float32, torch.float16 or torch.bfloat16")
-    if not 1 <= x.dim() <= MAX_RANK:
-        raise ArgumentError(f"x has {x.dim()} dims; it must have 1 to {MAX_RANK}")
+    rules = _revision_rules()
+    if not rules.min_rank <= x.dim() <= rules.max_rank:
+        raise ArgumentError(f"x has {x.dim()} dims; it must have {rules.min_rank} to {rules.max_rank} ({rules.text})")
     if x.shape[-1] % 2 != 0:
         raise ArgumentError(f"x has shape {tuple(x.shape)}; its last dim must be even (gate and value halves)")
 
 
-def _check_weight(weight: torch.Tensor, x: torch.Tensor) -> None:
-    """weight: fp32, one element per row of x (any shape with that many elements)."""
+def _check_weight(weight: torch.Tensor, x: torch.Tensor, *, operator: bool) -> None:
+    """weight: fp32, one element per row of x (any shape with that many elements; the operator
+    itself takes 1 to 8 dims, which the differentiable swiglu reshapes it to)."""
+    _check_tensor("weight", weight)
     if weight.dtype != torch.float32:
         raise ArgumentError(f"weight has dtype {weight.dtype}; it must be torch.float32")
     rows = math.prod(x.shape[:-1])
     if weight.numel() != rows:
         raise ArgumentError(f"weight has {weight.numel()} elements; it must have one per row of x ({rows})")
+    if not operator:
+        return
+    rows_then_one = tuple(x.shape[:-1]) + (1,)
+    if _revision_rules().weight_trailing_one and tuple(weight.shape) != rows_then_one:
+        raise ArgumentError(f"weight has shape {tuple(weight.shape)}; {_revision_rules().text} needs x's leading "
+                            f"dims followed by 1: {rows_then_one}")
+    if not 1 <= weight.dim() <= MAX_RANK:
+        raise ArgumentError(f"weight has {weight.dim()} dims; it must have 1 to {MAX_RANK} (e.g. {rows_then_one})")
 
 
 def _check_group_index(group_index: Optional[torch.Tensor]) -> None:
+    _check_tensor("group_index", group_index, optional=True)
     if group_index is not None and (group_index.dtype != torch.int64 or group_index.dim() != 1):
         raise ArgumentError(f"group_index is {group_index.dtype} with {group_index.dim()} dims; it must be a "
                             "1-D torch.int64 tensor of per-group token counts")
@@ -85,10 +150,10 @@ def _check_group_index(group_index: Optional[torch.Tensor]) -> None:
 def _check_arguments(grad_y: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
                      y_origin: Optional[torch.Tensor], group_index: Optional[torch.Tensor],
                      clamp_limit: float) -> None:
-    """The operator's shape and dtype rules, on metadata only (never reads data)."""
+    """The operator's shape, dtype and device rules, on metadata only (never reads data)."""
     _check_x(x)
-    if not isinstance(grad_y, torch.Tensor):
-        raise TypeError(f"grad_y must be a torch.Tensor, got {type(grad_y).__name__}")
+    _check_tensor("grad_y", grad_y)
+    _check_tensor("y_origin", y_origin, optional=True)
     if grad_y.dtype != x.dtype:
         raise ArgumentError(f"grad_y has dtype {grad_y.dtype}; it must be x's dtype {x.dtype}")
     if grad_y.dim() != x.dim() or grad_y.shape[:-1] != x.shape[:-1]:
@@ -98,7 +163,7 @@ def _check_arguments(grad_y: torch.Tensor, x: torch.Tensor, weight: Optional[tor
         raise ArgumentError(f"grad_y's last dim is {grad_y.shape[-1]}; it must be x's last dim / 2 = "
                             f"{x.shape[-1] // 2}")
     if weight is not None:
-        _check_weight(weight, x)
+        _check_weight(weight, x, operator=True)
         if y_origin is None:
             raise ArgumentError("y_origin is required with weight (the unweighted forward output)")
     if y_origin is not None:
@@ -108,16 +173,8 @@ def _check_arguments(grad_y: torch.Tensor, x: torch.Tensor, weight: Optional[tor
             raise ArgumentError(f"y_origin is {y_origin.dtype} {tuple(y_origin.shape)}; it must be grad_y's "
                                 f"{grad_y.dtype} {tuple(grad_y.shape)}")
     _check_group_index(group_index)
+    _check_same_device(x, {"grad_y": grad_y, "weight": weight, "y_origin": y_origin, "group_index": group_index})
     _clamp_argument(clamp_limit)
-
-
-def _check_clamp(clamp_limit: Optional[float]) -> Optional[float]:
-    """The Python-level clamp_limit: None (off) or > 0."""
-    if clamp_limit is None:
-        return None
-    if not clamp_limit > 0:   # NaN included
-        raise ArgumentError(f"clamp_limit must be None (off) or > 0, got {clamp_limit!r}")
-    return float(clamp_limit)
 
 
 def _empty_grad_weight(x: torch.Tensor) -> torch.Tensor:
@@ -247,9 +304,6 @@ def _npu(grad_y: torch.Tensor, x: torch.Tensor, *, weight: Optional[torch.Tensor
     for name, tensor in named.items():
         if tensor is None:
             continue
-        if tensor.device != device:
-            raise ArgumentError(f"{name} is on {tensor.device} but x is on {device}: all tensors must be on one "
-                                "device")
         npu_format = int(torch_npu.get_npu_format(tensor))
         if npu_format not in NPU_BASE_FORMATS:
             raise ArgumentError(f"{name} has the private NPU format {npu_format}; the operator takes ND tensors "
@@ -291,14 +345,85 @@ _LIBRARY.impl("swiglu_group_quant_grad", _npu, "PrivateUse1")
 torch.library.register_fake(OP_NAME, _fake, lib=_LIBRARY)
 
 
+NO_DERIVATIVE = (f"{OP_NAME} has no derivative: it is itself the backward of swiglu, so second-order gradients "
+                 "through acl_swiglu.torch.swiglu (create_graph=True, torch.func.grad of a grad, hessians) and "
+                 "gradients of the operator's own outputs are not supported (where no gradient is wanted, call it "
+                 "under torch.no_grad() or on detached tensors)")
+
+
+_OVERLOAD = torch.ops.acl_swiglu.swiglu_group_quant_grad.default
+_AFTER_AUTOGRAD = torch._C._after_autograd_keyset
+
+
+class _NoDerivative(torch.autograd.Function):
+    """The operator on inputs that require grad: its outputs carry a backward that refuses.
+    Without it torch would only warn and give no gradient, a second-order gradient that silently
+    leaves this part out. (torch.library.register_autograd does not take keyword-only tensors.)"""
+
+    @staticmethod
+    def forward(keyset: Any, grad_y: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
+                y_origin: Optional[torch.Tensor], group_index: Optional[torch.Tensor],
+                clamp_limit: float) -> Tuple[torch.Tensor, torch.Tensor]:
+        with torch._C._AutoDispatchBelowAutograd():
+            return _below_autograd(keyset, grad_y, x, weight=weight, y_origin=y_origin, group_index=group_index,
+                                   clamp_limit=clamp_limit)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: Tuple[Any, ...], output: Tuple[torch.Tensor, torch.Tensor]) -> None:
+        pass   # nothing to keep: the backward only refuses
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> None:
+        raise NotImplementedError(NO_DERIVATIVE)
+
+
+# torch declares Function.apply without annotations: this is what it returns here.
+_apply_no_derivative = cast(Callable[..., Tuple[torch.Tensor, torch.Tensor]], _NoDerivative.apply)
+
+
+def _below_autograd(keyset: Any, grad_y: torch.Tensor, x: torch.Tensor,
+                    **options: Any) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The CPU, NPU or fake implementation, whichever the dispatcher chose below autograd."""
+    return cast(Tuple[torch.Tensor, torch.Tensor], _OVERLOAD.redispatch(keyset & _AFTER_AUTOGRAD, grad_y, x, **options))
+
+
+def _requires_grad(tensor: Optional[torch.Tensor]) -> bool:
+    return tensor is not None and tensor.requires_grad   # a missing required tensor arrives as None
+
+
+def _autograd(keyset: Any, grad_y: torch.Tensor, x: torch.Tensor, *, weight: Optional[torch.Tensor] = None,
+              y_origin: Optional[torch.Tensor] = None, group_index: Optional[torch.Tensor] = None,
+              clamp_limit: float = CLAMP_OFF) -> Tuple[torch.Tensor, torch.Tensor]:
+    if torch.is_grad_enabled() and (_requires_grad(grad_y) or _requires_grad(x) or _requires_grad(weight)
+                                    or _requires_grad(y_origin)):
+        if torch._C._are_functorch_transforms_active():
+            # torch.func cannot carry an autograd.Function's node from inside an operator
+            # kernel: the derivative would be missing, so refuse now.
+            raise NotImplementedError(NO_DERIVATIVE)
+        return _apply_no_derivative(keyset, grad_y, x, weight, y_origin, group_index, clamp_limit)
+    return _below_autograd(keyset, grad_y, x, weight=weight, y_origin=y_origin, group_index=group_index,
+                           clamp_limit=clamp_limit)
+
+
+# A Python kernel costs a few microseconds per call; redispatching below autograd with the
+# keyset it was called with keeps that to one hop.
+_LIBRARY.impl("swiglu_group_quant_grad", _autograd, "Autograd", with_keyset=True)
+
+
 def swiglu_group_quant_grad(grad_y: torch.Tensor, x: torch.Tensor, *, weight: Optional[torch.Tensor] = None,
                             y_origin: Optional[torch.Tensor] = None, group_index: Optional[torch.Tensor] = None,
                             clamp_limit: Optional[float] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """SwiGLU backward on tensors: (grad_x, grad_weight), grad_weight None without weight.
     clamp_limit None means off, otherwise > 0."""
+    for name, tensor, optional in (("grad_y", grad_y, False), ("x", x, False), ("weight", weight, True),
+                                   ("y_origin", y_origin, True), ("group_index", group_index, True)):
+        # Types only: the operator's kernels check the rest, and this runs inside swiglu's
+        # backward, where torch.compile allows no tensor attribute reads beyond the basics.
+        _check_type(name, tensor, optional)
+    clamp = _clamp_option(clamp_limit)
     grad_x, grad_weight = torch.ops.acl_swiglu.swiglu_group_quant_grad(
         grad_y, x, weight=weight, y_origin=y_origin, group_index=group_index,
-        clamp_limit=CLAMP_OFF if clamp_limit is None else float(clamp_limit))
+        clamp_limit=CLAMP_OFF if clamp is None else clamp)
     return grad_x, (grad_weight if weight is not None else None)
 
 
@@ -325,6 +450,19 @@ def _unweighted(x: torch.Tensor, clamp_limit: Optional[float], group_index: Opti
         keep = torch.arange(rows, device=x.device) < trunc
         y = torch.where(keep.reshape(*x.shape[:-1], 1), y, torch.zeros((), dtype=y.dtype, device=y.device))
     return y
+
+
+def _first_order_only() -> ContextManager[Any]:
+    """Where swiglu's backward runs the operator: under torch.func with a single differentiating
+    transform (torch.func.grad, vjp), whose result is that gradient and is never differentiated
+    again, the operator runs without recording; anywhere else the operator decides (a second
+    derivative is refused)."""
+    if not torch._C._are_functorch_transforms_active():
+        return contextlib.nullcontext()
+    from torch._C._functorch import TransformType
+    from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+    levels = [i for i in retrieve_all_functorch_interpreters() if i.key() in (TransformType.Grad, TransformType.Jvp)]
+    return torch.no_grad() if len(levels) == 1 else contextlib.nullcontext()
 
 
 class _SwiGLUFunction(torch.autograd.Function):
@@ -357,9 +495,10 @@ class _SwiGLUFunction(torch.autograd.Function):
             weight_rows = _row_weight(weight, x)
         else:
             weight_rows = None
-        grad_x, grad_weight = swiglu_group_quant_grad(
-            grad_out.to(x.dtype), x, weight=weight_rows, y_origin=y_origin, group_index=group_index,
-            clamp_limit=ctx.clamp_limit)
+        with _first_order_only():
+            grad_x, grad_weight = swiglu_group_quant_grad(
+                grad_out.to(x.dtype), x, weight=weight_rows, y_origin=y_origin, group_index=group_index,
+                clamp_limit=ctx.clamp_limit)
         if grad_weight is not None:
             grad_weight = grad_weight.reshape(weight.shape)
         return grad_x, grad_weight, None, None, None
@@ -381,12 +520,13 @@ def swiglu(x: torch.Tensor, weight: Optional[torch.Tensor] = None, *, clamp_limi
     between forward and backward (a third less saved activation memory for one elementwise pass;
     the bits are the same either way).
     """
-    clamp_limit = _check_clamp(clamp_limit)
+    clamp_limit = _clamp_option(clamp_limit)
     _check_x(x)
     if weight is not None:
-        _check_weight(weight, x)
+        _check_weight(weight, x, operator=False)
     _check_group_index(group_index)
-    return _apply_swiglu(x, weight, clamp_limit, group_index, bool(recompute_y_origin))[0]
+    _check_same_device(x, {"weight": weight, "group_index": group_index})
+    return _apply_swiglu(x, weight, clamp_limit, group_index, _check_flag("recompute_y_origin", recompute_y_origin))[0]
 
 
 class SwiGLU(torch.nn.Module):
@@ -394,8 +534,8 @@ class SwiGLU(torch.nn.Module):
 
     def __init__(self, clamp_limit: Optional[float] = None, recompute_y_origin: bool = True) -> None:
         super().__init__()
-        self.clamp_limit = _check_clamp(clamp_limit)
-        self.recompute_y_origin = recompute_y_origin
+        self.clamp_limit = _clamp_option(clamp_limit)
+        self.recompute_y_origin = _check_flag("recompute_y_origin", recompute_y_origin)
 
     def forward(self, x: torch.Tensor, weight: Optional[torch.Tensor] = None,
                 group_index: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -403,4 +543,4 @@ class SwiGLU(torch.nn.Module):
                       recompute_y_origin=self.recompute_y_origin)
 
     def extra_repr(self) -> str:
-        return f"clamp_limit={self.clamp_limit}"
+        return f"clamp_limit={self.clamp_limit}, recompute_y_origin={self.recompute_y_origin}"
