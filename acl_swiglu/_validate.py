@@ -55,7 +55,7 @@ def check_clamp_limit(clamp_limit: object) -> Optional[float]:
         value = float(clamp_limit)
     except OverflowError:
         raise ArgumentError(f"clamp_limit {clamp_limit} is beyond float32 range; the operator uses it as fp32") from None
-    if math.isnan(value) or math.isinf(value):
+    if value != value or value == math.inf or value == -math.inf:   # (comparisons: traceable by torch.compile)
         raise ArgumentError(f"clamp_limit must be a finite number > 0 (or None for off), got {value}")
     if value <= 0:
         raise ArgumentError(f"clamp_limit must be > 0 (use None to turn the clamp off), got {value}")
