@@ -252,9 +252,10 @@ class Executor(Owned):
         """Phase 2 on `stream` (default stream if None). The work runs asynchronously: wait
         with stream.synchronize() or read an output with to_numpy(), which waits for its writer."""
         stream = stream_argument(stream)
-        own = [self._life]
+        own = [self._life, stream._life]
         pin(own)   # a close() from another thread now waits for the end of this launch
         try:
+            stream.check_open("stream")   # (closed before the pin)
             self._launch_pinned(stream, workspace)
         finally:
             unpin(own, stream._life)
@@ -438,10 +439,11 @@ def _launch_bound(operator: Operator, values: Sequence[Any], stream: Stream, epo
     workspace = stream._workspace
     if workspace is not None:
         lives.append(workspace._life)
+    lives.append(stream._life)
     pin(lives)   # a close() from another thread now waits for the end of this call
     try:
         if close_epoch[0] != epoch:
-            check_open(dict(zip(operator.slot_names, values)))
+            _check_call_open(operator, values, stream)
         api = runtime_api()
         size = ctypes.c_uint64()
         executor = ctypes.c_void_p()
@@ -468,8 +470,13 @@ def _launch_bound(operator: Operator, values: Sequence[Any], stream: Stream, epo
     finally:
         unpin(lives, stream._life)
     if close_epoch[0] != epoch:
-        check_open(dict(zip(operator.slot_names, values)))   # closed by another thread during the call: it must not succeed
+        _check_call_open(operator, values, stream)   # closed by another thread during the call: it must not succeed
     return results
+
+
+def _check_call_open(operator: Operator, values: Sequence[Any], stream: Stream) -> None:
+    check_open(dict(zip(operator.slot_names, values)))
+    stream.check_open("stream")
 
 
 def _general_device_call(operator: Operator, revision: Revision, arguments: Dict[str, Any],
@@ -507,10 +514,12 @@ def _general_device_call(operator: Operator, revision: Revision, arguments: Dict
                 handles.append(None)
         # Pinned: a close() from another thread from here on leaves the handles to the end of
         # this call; one since the start makes the call fail (the epoch checks).
+        pinned.append(stream._life)
         pin(pinned)
         held = pinned
         if close_epoch[0] != epoch:
             check_open(arrays)
+            stream.check_open("stream")
         api = runtime_api()
         executor, size = operator.phase1(api, revision, problem, handles)
         for host in host_arrays:
@@ -528,6 +537,7 @@ def _general_device_call(operator: Operator, revision: Revision, arguments: Dict
     unpin(pinned, stream._life)
     if close_epoch[0] != epoch:
         check_open(arrays)   # closed by another thread during the call: it must not succeed
+        stream.check_open("stream")
     return results
 
 
@@ -688,14 +698,32 @@ def one_shot(operator: Operator, values: Sequence[Any]) -> Dict[str, np.ndarray]
     except MemoryError:
         raise HostMemoryError(f"the result {name} has shape {shape}: it needs {math.prod(shape) * dtype.itemsize} "
                               "bytes, more than this host can allocate") from None
-    stream = thread_stream()
-    api = runtime_api()
-    helper = arena_helper(api, operator.description.phase2)
-    if helper is not None:
-        _one_shot_native(operator, revision, layout, values, results, api, helper, stream)
-    else:
-        _one_shot_steps(operator, revision, layout, values, results, api, stream)
+    stream, own = _pinned_thread_stream()
+    try:
+        api = runtime_api()
+        helper = arena_helper(api, operator.description.phase2)
+        if helper is not None:
+            _one_shot_native(operator, revision, layout, values, results, api, helper, stream)
+        else:
+            _one_shot_steps(operator, revision, layout, values, results, api, stream)
+    finally:
+        unpin(own)
     return {output[0]: result for output, result in zip(layout.outputs, results)}
+
+
+def _pinned_thread_stream() -> Tuple[Stream, Tuple[Life]]:
+    """The thread's one-shot stream, pinned: a release_cached() from another thread then
+    destroys it only after this call."""
+    stream = thread_stream()
+    own = (stream._life,)
+    pin(own)
+    if stream._handle is None:   # closed just before the pin: the next one is this thread's own
+        unpin(own)
+        stream = thread_stream()
+        own = (stream._life,)
+        pin(own)
+        stream.check_open("this thread's one-shot stream")
+    return stream, own
 
 
 def _one_shot_native(operator: Operator, revision: Revision, layout: _OneShotLayout, values: Sequence[Any],
@@ -729,12 +757,12 @@ def _one_shot_native(operator: Operator, revision: Revision, layout: _OneShotLay
         if size > capacity:
             arena.workspace[0] = max(arena.workspace[0], size)   # the next call's arena holds it
             try:
-                buffer = stream._take_workspace(size)
+                buffer, workspace = stream._take_workspace(size)
             except BaseException:
                 destroy_unlaunched(api, executor)
                 raise
         status = helper.finish(helper.api, arena.native, count, first_output, ctypes.byref(call), executor, size,
-                               None if buffer is None else buffer._handle, stream._address)
+                               None if buffer is None else workspace, stream._address)
         if status:
             if call.step == STEP_LAUNCH:
                 operator.check_status(api, status, operator.description.phase2)

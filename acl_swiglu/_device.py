@@ -8,12 +8,13 @@ closed since. Device memory is never freed under queued work (see runtime.Life).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import itertools
 import math
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, TypeVar
 
 import numpy as np
 
@@ -102,10 +103,17 @@ class _StreamLife(Life):
     def wait(self) -> None:
         if self.destroyed:
             return
-        api = runtime_api()
-        status = api.hot.aclrtSynchronizeStream(self.address)
-        if status:
-            _ffi.raise_status(status, "aclrtSynchronizeStream", api.get_message)
+        own = (self,)
+        pin(own)   # a close() from another thread now destroys the stream after this wait
+        try:
+            if self.destroyed:
+                return
+            api = runtime_api()
+            status = api.hot.aclrtSynchronizeStream(self.address)
+            if status:
+                _ffi.raise_status(status, "aclrtSynchronizeStream", api.get_message)
+        finally:
+            unpin(own)
 
 
 _streams: "weakref.WeakSet[Stream]" = weakref.WeakSet()
@@ -186,21 +194,27 @@ class Stream(Owned):
         """Waits for work queued through this wrapper, also after it was closed."""
         self._life.wait()
 
-    def _take_workspace(self, nbytes: int) -> "DeviceBuffer":
-        """A pinned buffer of at least nbytes from this stream's grow-only pool; unpin it with
-        this stream's life after queuing the work that uses it."""
+    def _take_workspace(self, nbytes: int) -> Tuple["DeviceBuffer", int]:
+        """A pinned buffer of at least nbytes from this stream's grow-only pool, and its address
+        (read while the pool still held it: another thread may replace and close the wrapper
+        right after, the memory stays); unpin it with this stream's life after queuing the work
+        that uses it."""
         with self._workspace_lock:
             current = self._workspace
             if current is not None and current.nbytes >= nbytes and not current.closed:
                 pin((current._life,))
-                return current
+                address = current._handle
+                if address is not None and not current._life.closed:
+                    return current, address.value
+                unpin((current._life,))
         fresh = DeviceBuffer(nbytes)   # not under the lock: allocation may run a finalizer
         pin((fresh._life,))
+        address = fresh.ptr
         with self._workspace_lock:
             old, self._workspace = self._workspace, fresh
         if old is not None:
             old.close()   # freed once the work queued with it is done
-        return fresh
+        return fresh, address
 
     def run_with_workspace(self, nbytes: int, launch: Callable[[Optional[int]], _Result]) -> _Result:
         """Calls launch(workspace address or None) with at least nbytes of workspace from this
@@ -208,9 +222,9 @@ class Stream(Owned):
         self.check_open()
         if nbytes == 0:
             return launch(None)
-        buffer = self._take_workspace(nbytes)
+        buffer, address = self._take_workspace(nbytes)
         try:
-            return launch(buffer.ptr)
+            return launch(address)
         finally:
             unpin((buffer._life,), self._life)
 
@@ -315,8 +329,9 @@ class DeviceBuffer(Owned):
         nbytes = whole_number(nbytes, "nbytes")
         self._check_range(nbytes, offset)
         if nbytes:
-            runtime_api().aclrtMemcpy(self.ptr + offset, self.nbytes - offset, address, nbytes,
-                                      MEMCPY_HOST_TO_DEVICE)
+            with self._pinned() as device:
+                runtime_api().aclrtMemcpy(device + offset, self.nbytes - offset, address, nbytes,
+                                          MEMCPY_HOST_TO_DEVICE)
 
     def copy_to_host(self, host: np.ndarray, offset: int = 0) -> None:
         """Synchronous copy into a writable C-contiguous host array (does not wait for streams)."""
@@ -325,7 +340,22 @@ class DeviceBuffer(Owned):
         nbytes = host.nbytes
         self._check_range(nbytes, offset)
         if nbytes:
-            runtime_api().aclrtMemcpy(host.ctypes.data, nbytes, self.ptr + offset, nbytes, MEMCPY_DEVICE_TO_HOST)
+            with self._pinned() as device:
+                runtime_api().aclrtMemcpy(host.ctypes.data, nbytes, device + offset, nbytes, MEMCPY_DEVICE_TO_HOST)
+
+    @contextlib.contextmanager
+    def _pinned(self) -> Iterator[int]:
+        """The memory's address, pinned for the block: a close() from another thread meanwhile
+        frees it only after the block (and the block does not start on closed memory)."""
+        lives = (self._life,)
+        pin(lives)
+        try:
+            handle = self._handle
+            if handle is None:
+                raise HandleClosedError(f"this {self._kind} was closed; it cannot be used any more")
+            yield handle.value
+        finally:
+            unpin(lives)
 
     def __repr__(self) -> str:
         if self._handle is None:
@@ -348,6 +378,22 @@ def _check_shape(shape: Iterable[object]) -> Tuple[int, ...]:
         if dim > INT64_MAX:
             raise ArgumentError(f"shape {dims} has a dim beyond int64")
     return tuple(int(d) for d in dims)
+
+
+# Held while an array's tensor handle is made or taken away (tensor.tensor_for, DeviceArray.close).
+_tensor_lock = threading.RLock()
+
+
+def tensor_lock() -> "threading.RLock":
+    return _tensor_lock
+
+
+def _reset_tensor_lock() -> None:
+    global _tensor_lock
+    _tensor_lock = threading.RLock()   # another thread may have held it at the fork
+
+
+at_fork_in_child(_reset_tensor_lock)
 
 
 _layout_ids: Dict[Tuple[Any, ...], int] = {}
@@ -524,17 +570,20 @@ class DeviceArray:
     def close(self) -> None:
         """Kills the array; frees its tensor handle and, when owned, its device memory as soon as
         no plan, executor or queued work uses them."""
-        self._dead = True
-        self._bound = None
-        tensor, self._tensor = self._tensor, None
+        with _tensor_lock:
+            self._dead = True
+            self._bound = None
+            tensor, self._tensor = self._tensor, None
         buffer = self.buffer
-        if tensor is not None:
-            if buffer is None:
+        if buffer is None:
+            if tensor is not None:
                 tensor.close()
-            else:
-                close_with(buffer._life, tensor)   # calls in flight pin the buffer only
-        if buffer is not None:
-            buffer.close()
+            return
+        # The memory closes first (the epoch moves): a call that pins it from here on fails its
+        # epoch check, and one that pinned it before holds back the tensor's close too.
+        buffer.close()
+        if tensor is not None:
+            close_with(buffer._life, tensor)   # calls in flight pin the buffer only
 
     @property
     def closed(self) -> bool:

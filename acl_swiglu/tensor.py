@@ -8,7 +8,7 @@ from typing import Any, Callable, Optional, Sequence, overload
 import numpy as np
 
 from ._dtypes import ACL_FORMAT_ND, acl_dtype
-from ._device import DeviceArray
+from ._device import DeviceArray, tensor_lock
 from .runtime import Owned, runtime_api
 
 
@@ -82,6 +82,12 @@ def tensor_for(array: Optional[DeviceArray]) -> Optional[AclTensor]:
         return None
     tensor = array._tensor
     if tensor is None or tensor.closed:
-        tensor = array._tensor = AclTensor(array)
-        array._bound = (tensor.address, tensor._life if array.buffer is None else array.buffer._life, array._layout_id)
+        with tensor_lock():   # one tensor per array, even when two threads use it first at once
+            tensor = array._tensor
+            if tensor is None or tensor.closed:
+                tensor = AclTensor(array)
+                array._tensor = tensor
+                array._bound = (tensor.address, tensor._life if array.buffer is None else array.buffer._life,
+                                array._layout_id)
     return tensor
+
