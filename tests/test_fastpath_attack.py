@@ -19,6 +19,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import ml_dtypes
@@ -223,3 +224,309 @@ def test_stream_closed_during_a_lean_call(monkeypatch):
         out.close()
         d_gy.close()
         d_x.close()
+
+
+# ----------------------------------------------------------------------------- threads
+
+
+@pytest.fixture
+def busy_scheduler(monkeypatch):
+    """A hostile scheduler: thread switches every few microseconds, and a switch offered at the
+    steps where a close and a call meet (before a call pins what it uses, before a tensor handle
+    is destroyed). The switches only widen windows; no outcome depends on their timing."""
+    from acl_swiglu.tensor import AclTensor
+    real_pin, real_close = _aclnn.pin, AclTensor.close
+
+    def pin_after_a_switch(lives):
+        time.sleep(0)
+        real_pin(lives)
+
+    def close_after_a_switch(self):
+        time.sleep(0)
+        real_close(self)
+
+    monkeypatch.setattr(_aclnn, "pin", pin_after_a_switch)
+    monkeypatch.setattr(AclTensor, "close", close_after_a_switch)
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(previous)
+
+
+class Generation:
+    """The shared inputs of the lean-call workers; the closer replaces them with a fresh copy
+    (closing the old one) while workers are calling with them."""
+
+    def __init__(self, gy: np.ndarray, x: np.ndarray) -> None:
+        self.host = (gy, x)
+        self.lock = threading.Lock()
+        self.current = self.fresh()
+        self.replaced = 0
+
+    def fresh(self):
+        return acl_swiglu.to_device(self.host[0]), acl_swiglu.to_device(self.host[1])
+
+    def replace(self) -> None:
+        new = self.fresh()
+        with self.lock:
+            old, self.current = self.current, new
+            self.replaced += 1
+        for array in old:
+            array.close()
+
+
+ROUNDS = 60   # rounds of the closer every worker overlaps with
+
+
+def _tensor_destroyed_under_the_call(exc: errors.AclError) -> bool:
+    return exc.code == 161002 and exc.api == PHASE1 and "an aclTensor that was already destroyed" in exc.message
+
+
+def _lean_worker(generation: Generation, stream: acl_swiglu.Stream, want: np.ndarray, calls: int,
+                 outputs: List[acl_swiglu.DeviceArray], problems: List[str], counts: collections.Counter,
+                 progress: List[int], index: int, cycles: List[int], rounds: int) -> None:
+    """Lean calls until `calls` were made and the closer went round `rounds` times."""
+    x_shape = generation.host[1].shape
+    out = acl_swiglu.DeviceArray.empty(x_shape, np.float32)
+    outputs.append(out)
+    done = 0
+    while (done < calls or cycles[0] < rounds) and not problems:   # (a wrong outcome ends the run)
+        with generation.lock:
+            d_gy, d_x = generation.current
+        try:
+            _lean(d_gy, d_x, out, stream)
+        except errors.HandleClosedError as exc:
+            if not (d_gy.closed or d_x.closed or out.closed or stream.closed):
+                if str(exc).startswith("this DeviceBuffer was closed"):
+                    # the pool's buffer, closed under the call (forced in
+                    # test_workspace_released_while_a_call_holds_it)
+                    counts["pool buffer closed under the call"] += 1
+                    continue
+                problems.append(f"HandleClosedError with nothing closed: {exc}")
+            counts["closed"] += 1
+            if out.closed:
+                out = acl_swiglu.DeviceArray.empty(x_shape, np.float32)
+                outputs.append(out)
+            if stream.closed:
+                break
+            continue
+        except errors.AclError as exc:
+            if _tensor_destroyed_under_the_call(exc):
+                # Two known races (forced, and marked xfail, in
+                # test_first_use_from_two_threads_while_a_lean_call_reads_the_binding and
+                # test_close_between_pin_check_and_tensor_destroy): counted, so that everything
+                # else this loop checks stays checked. Once fixed, drop this branch.
+                counts["tensor destroyed under the call"] += 1
+                if out.closed:
+                    out = acl_swiglu.DeviceArray.empty(x_shape, np.float32)
+                    outputs.append(out)
+                continue
+            problems.append(f"{type(exc).__name__}: {exc}")
+        except Exception as exc:   # a wrong outcome: recorded
+            problems.append(f"{type(exc).__name__}: {exc}")
+        else:
+            counts["ok"] += 1
+            try:
+                got = out.to_numpy()
+                if not _same(got, want):
+                    raise AssertionError("wrong bits")
+            except errors.HandleClosedError:
+                counts["read after close"] += 1
+            except (errors.AclError, AssertionError) as exc:
+                if out.closed:   # a read racing a close of its array (a separate, forced test)
+                    counts["read raced the close"] += 1
+                else:
+                    problems.append(f"{type(exc).__name__}: {exc}")
+        done += 1
+    progress[index] = -1   # finished
+
+
+def _closer(generation: Generation, streams: List[acl_swiglu.Stream], outputs: List[acl_swiglu.DeviceArray],
+            progress: List[int], cycles: List[int], sentinels: List[Tuple[acl_swiglu.DeviceArray, np.ndarray]],
+            closes: bool) -> None:
+    """Until every worker is done: (with `closes`) replaces the inputs and closes a worker's
+    current output, allocating sentinel arrays after each close (late work on freed memory would
+    overwrite them); empties and grows the streams' workspace pools."""
+    rng = np.random.default_rng(5)
+    step = 0
+    while max(progress) >= 0:   # a worker is still calling
+        step += 1
+        action = step % 4
+        if action == 0:
+            if closes:
+                generation.replace()
+        elif action == 1 and outputs and closes:
+            outputs[int(rng.integers(len(outputs)))].close()
+        elif action == 2:
+            for stream in streams:
+                stream.release_workspace()
+        else:
+            for stream in streams:   # a bigger pool: the old buffer is closed while calls may hold it
+                buffer = stream._take_workspace(16384 * (1 + step % 3))
+                runtime.unpin((buffer._life,), stream._life)
+            cycles[0] += 1
+        if closes and action in (0, 1) and len(sentinels) < 64:
+            pattern = rng.standard_normal(generation.host[1].shape).astype(np.float32)
+            sentinels.append((acl_swiglu.to_device(pattern), pattern))
+
+
+@pytest.mark.parametrize("closes", [True, False], ids=["closes", "pools-only"])
+@pytest.mark.parametrize("shared_stream", [True, False], ids=["one-stream", "own-streams"])
+def test_lean_calls_from_threads_racing_closes_and_workspace_pools(busy_scheduler, monkeypatch, shared_stream,
+                                                                   closes):
+    """Workers make lean calls with shared inputs and their own outputs while a closer replaces
+    (closes) the inputs, closes outputs, empties and grows the pools: each call gives the model's
+    bits or raises HandleClosedError naming something that was closed; never a kernel on freed
+    memory (507015 at the read), never wrong bits; sentinels allocated after a close stay as
+    written; nothing leaks."""
+    workers, calls = 4, 60
+    gy, x = _case(rows=8, hidden=32)
+    want = _want(gy, x)
+    general = GeneralCalls(monkeypatch)
+    generation = Generation(gy, x)
+    streams = [acl_swiglu.Stream() for _ in range(1 if shared_stream else workers)]
+    with acl_swiglu.DeviceArray.empty(x.shape, np.float32) as warm:
+        for stream in streams:
+            _warm(*generation.current, warm, stream)
+    general.count = 0
+    problems: List[str] = []
+    counts: collections.Counter = collections.Counter()
+    outputs: List[acl_swiglu.DeviceArray] = []
+    progress = [0] * workers
+    sentinels: List[Tuple[acl_swiglu.DeviceArray, np.ndarray]] = []
+    cycles = [0]
+    rounds = ROUNDS
+    threads = [threading.Thread(target=_lean_worker, args=(generation, streams[i % len(streams)], want, calls, outputs,
+                                                           problems, counts, progress, i, cycles, rounds))
+               for i in range(workers)]
+    closer = threading.Thread(target=_closer, args=(generation, streams, outputs, progress, cycles, sentinels,
+                                                    closes))
+    try:
+        for thread in threads:
+            thread.start()
+        closer.start()
+        for thread in threads + [closer]:
+            thread.join(120)
+        assert not any(t.is_alive() for t in threads + [closer])
+        assert not problems, (problems[:5], counts)
+        assert counts["ok"] >= workers * calls and cycles[0] >= rounds
+        if closes:
+            assert generation.replaced > 0 and counts["closed"] > 0, counts   # the race was on
+        assert general.count < counts["ok"], general.count   # most calls were lean ones
+        for array, pattern in sentinels:
+            assert _same(array.to_numpy(), pattern)
+    finally:
+        for array in outputs + [a for a, _ in sentinels] + list(generation.current):
+            array.close()
+        for stream in streams:
+            stream.close()
+
+
+@pytest.mark.xfail(strict=True, reason="DeviceArray.to_numpy does not pin the memory it copies from: a close() from "
+                   "another thread between its open check and the copy frees the memory under aclrtMemcpy")
+def test_read_racing_a_close_of_its_array(monkeypatch):
+    gy, x = _case()
+    with acl_swiglu.to_device(gy) as d_gy, acl_swiglu.to_device(x) as d_x, acl_swiglu.Stream() as stream:
+        out = acl_swiglu.DeviceArray.empty(x.shape, x.dtype)
+        _warm(d_gy, d_x, out, stream)
+        api = runtime.runtime_api()
+        real_copy = api.aclrtMemcpy
+
+        def copy_after_close(*args):   # another thread closes the array just before the copy
+            monkeypatch.setattr(api, "aclrtMemcpy", real_copy)
+            out.close()
+            return real_copy(*args)
+
+        monkeypatch.setattr(api, "aclrtMemcpy", copy_after_close)
+        with pytest.raises(errors.HandleClosedError):
+            out.to_numpy()
+
+
+@pytest.mark.xfail(strict=True, reason="Stream.run_with_workspace reads the pooled buffer's address through "
+                   "DeviceBuffer.ptr after pinning it: a release_workspace() (or a pool growth) from another thread "
+                   "in between closes the wrapper, and the call raises HandleClosedError although nothing it was "
+                   "given was closed")
+def test_workspace_released_while_a_call_holds_it(monkeypatch):
+    gy, x = _case()
+    want = _want(gy, x)
+    with acl_swiglu.to_device(gy) as d_gy, acl_swiglu.to_device(x) as d_x, acl_swiglu.Stream() as stream, \
+            acl_swiglu.DeviceArray.empty(x.shape, x.dtype) as out:
+        _warm(d_gy, d_x, out, stream)
+        stream.release_workspace()   # the next call takes its workspace through run_with_workspace
+        real_take = _device.Stream._take_workspace
+
+        def take_then_release(self, nbytes):
+            monkeypatch.setattr(_device.Stream, "_take_workspace", real_take)
+            buffer = real_take(self, nbytes)
+            self.release_workspace()   # another thread empties the pool now
+            return buffer
+
+        monkeypatch.setattr(_device.Stream, "_take_workspace", take_then_release)
+        _lean(d_gy, d_x, out, stream)
+        assert _same(out.to_numpy(), want)
+
+
+@pytest.mark.xfail(strict=True, reason="tensor.tensor_for is not atomic: two threads making the first call with an "
+                   "array both make an aclTensor, the second replaces the first in _tensor/_bound, and the first is "
+                   "destroyed (garbage-collected) when its call ends, while a lean call that read _bound in between "
+                   "still hands its address to phase 1 (the lean path checks the buffer's life, not the tensor's)")
+def test_first_use_from_two_threads_while_a_lean_call_reads_the_binding(monkeypatch):
+    """Threads 1 and 2 make the first device call with a fresh grad_y at the same time; thread
+    1's tensor is bound first, a lean call (this thread) reads that binding, then thread 2 binds
+    its own tensor and thread 1's call ends. Nothing was closed: the lean call must succeed with
+    grad_y's bits."""
+    from acl_swiglu import tensor as tensor_module
+    gy, x = _case()
+    want = _want(gy, x)
+    steps = Handover()
+    both_made = threading.Barrier(2, timeout=WAIT)
+    second: List[threading.Thread] = []
+
+    class RacingTensor(tensor_module.AclTensor):
+        def __init__(self, array, address=None):
+            super().__init__(array, address)
+            if array is d_gy:
+                both_made.wait()   # both threads found no tensor and made one
+                if threading.current_thread() in second:
+                    steps.wait("lean call read the binding")
+
+    with acl_swiglu.to_device(x) as d_x, acl_swiglu.to_device(gy) as d_gy, acl_swiglu.Stream() as stream, \
+            acl_swiglu.DeviceArray.empty(x.shape, x.dtype) as out, \
+            acl_swiglu.DeviceArray.empty(x.shape, x.dtype) as out1, \
+            acl_swiglu.DeviceArray.empty(x.shape, x.dtype) as out2, acl_swiglu.to_device(gy) as warm_gy:
+        _warm(warm_gy, d_x, out, stream)   # the layout is known; d_x and out have their tensors
+        monkeypatch.setattr(tensor_module, "AclTensor", RacingTensor)
+        failures: List[BaseException] = []
+
+        def first_call(output):
+            try:
+                _lean(d_gy, d_x, output, stream)
+            except BaseException as exc:   # reported below
+                failures.append(exc)
+
+        t1 = threading.Thread(target=first_call, args=(out1,))
+        t2 = threading.Thread(target=first_call, args=(out2,))
+        second.append(t2)
+        t1.start()
+        t2.start()
+        t1.join(WAIT)   # thread 1's tensor is bound (thread 2 waits to bind its own)
+        real_pin = _aclnn.pin
+
+        def pin_after_the_rebinding(lives):
+            monkeypatch.setattr(_aclnn, "pin", real_pin)
+            steps.signal("lean call read the binding")
+            t2.join(WAIT)
+            real_pin(lives)
+
+        monkeypatch.setattr(_aclnn, "pin", pin_after_the_rebinding)
+        try:
+            _lean(d_gy, d_x, out, stream)
+            got = out.to_numpy()
+        finally:
+            monkeypatch.setattr(_aclnn, "pin", real_pin)
+            t2.join(WAIT)
+            stream.synchronize()
+        assert not steps.timed_out and not failures, (steps.timed_out, failures)
+        assert _same(got, want)
