@@ -530,3 +530,66 @@ def test_first_use_from_two_threads_while_a_lean_call_reads_the_binding(monkeypa
             stream.synchronize()
         assert not steps.timed_out and not failures, (steps.timed_out, failures)
         assert _same(got, want)
+
+
+def test_one_shot_calls_from_threads_racing_release_cached(busy_scheduler):
+    """release_cached() is documented for when no call is in flight; broken, it may make a
+    call fail with a clear error (the stream it destroyed, named), never with wrong bits, a
+    crash or a leak; every thread's next call works."""
+    assert _scratch.helper_library() is not None
+    gy, x = _case(rows=6, hidden=24)
+    want = _want(gy, x)
+    acl_swiglu.swiglu_group_quant_grad(gy, x, clamp_limit=1.5)   # the layout (and its workspace size)
+    problems: List[str] = []
+    counts: collections.Counter = collections.Counter()
+    releases = [0]
+    running = [4]
+    lock = threading.Lock()
+    quiet = threading.Event()
+
+    def worker():
+        calls = 0
+        try:
+            while (calls < 40 or releases[0] < 100) and not problems:
+                calls += 1
+                try:
+                    got = acl_swiglu.swiglu_group_quant_grad(gy, x, clamp_limit=1.5)[0]
+                except errors.AclError as exc:
+                    # The thread's stream was destroyed under the call: the launch names it (its
+                    # address may already be reused by another handle, which the text then says).
+                    if f"{exc.api}: stream: " in exc.message and exc.api in (PHASE2, "aclrtSynchronizeStream"):
+                        counts["stream destroyed under the call"] += 1
+                    else:
+                        problems.append(f"{type(exc).__name__}: {exc}")
+                    continue
+                except Exception as exc:   # judged below
+                    problems.append(f"{type(exc).__name__}: {exc}")
+                    continue
+                if _same(got, want):
+                    counts["ok"] += 1
+                else:
+                    problems.append("wrong bits")
+        finally:
+            with lock:
+                running[0] -= 1
+        quiet.wait(WAIT)   # release_cached() is no longer called
+        try:
+            got = acl_swiglu.swiglu_group_quant_grad(gy, x, clamp_limit=1.5)[0]
+            if not _same(got, want):
+                problems.append("wrong bits after the race")
+        except Exception as exc:   # judged below
+            problems.append(f"the call after the race: {type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    while running[0]:
+        acl_swiglu.release_cached()
+        releases[0] += 1
+    quiet.set()
+    for thread in threads:
+        thread.join(120)
+    assert not problems, (problems[:5], counts)
+    assert counts["ok"] >= 4 * 40 - counts["stream destroyed under the call"] and releases[0] >= 100, counts
+    got = acl_swiglu.swiglu_group_quant_grad(gy, x, clamp_limit=1.5)[0]
+    assert _same(got, want)
