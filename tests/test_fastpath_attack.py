@@ -593,3 +593,208 @@ def test_one_shot_calls_from_threads_racing_release_cached(busy_scheduler):
     assert counts["ok"] >= 4 * 40 - counts["stream destroyed under the call"] and releases[0] >= 100, counts
     got = acl_swiglu.swiglu_group_quant_grad(gy, x, clamp_limit=1.5)[0]
     assert _same(got, want)
+
+
+# ----------------------------------------------------------------------------- layouts
+
+
+def test_one_layout_key_reached_by_different_device_arrays(monkeypatch):
+    """Views at an offset, wrapped foreign pointers, arrays in other buffers: the same layout
+    (and so the same cached validation) with other memory; each lean call computes on its own
+    arrays' data."""
+    general = GeneralCalls(monkeypatch)
+    rows, hidden = 6, 16
+    stream = acl_swiglu.Stream()
+    made: List[Any] = []
+
+    def keep(array):
+        made.append(array)
+        return array
+
+    try:
+        cases = []
+        for seed in range(3):
+            gy, x = _case(rows, hidden, seed=seed)
+            cases.append((gy, x, _want(gy, x)))
+        # Offsets: every case at element offset 8 of a bigger buffer (one layout), in turn.
+        offset = 8
+        views = []
+        for gy, x, want in cases:
+            buffers = []
+            for host in (gy, x):
+                buffer = keep(acl_swiglu.DeviceBuffer((host.size + offset) * 4))
+                buffer.copy_from_host(np.concatenate([np.full(offset, np.nan, np.float32), host.ravel()]))
+                buffers.append(keep(acl_swiglu.DeviceArray(buffer, host.shape, np.float32, offset=offset)))
+            views.append((buffers[0], buffers[1], want))
+        # Wrapped pointers: the same layout as to_device's arrays, over memory someone else owns.
+        owners = [(keep(acl_swiglu.to_device(gy)), keep(acl_swiglu.to_device(x)), want) for gy, x, want in cases]
+        wrapped = [(keep(acl_swiglu.DeviceArray.wrap(g.ptr, g.shape, g.dtype)),
+                    keep(acl_swiglu.DeviceArray.wrap(x.ptr, x.shape, x.dtype)), want) for g, x, want in owners]
+        assert views[0][0]._layout_id == views[1][0]._layout_id
+        assert owners[0][0]._layout_id == wrapped[1][0]._layout_id
+        outs = [keep(acl_swiglu.DeviceArray.empty((rows, 2 * hidden), np.float32)) for _ in range(2)]
+        for family in (views, owners, wrapped):
+            for index, (d_gy, d_x, _) in enumerate(family):   # the first call of each array: its tensors
+                _lean(d_gy, d_x, outs[index % 2], stream)
+        stream.synchronize()
+        general.count = 0
+        for round_ in range(3):   # alternating arrays of one layout: lean calls on the right data
+            for family in (views, owners, wrapped):
+                for index, (d_gy, d_x, want) in enumerate(family):
+                    out = outs[index % 2]
+                    _lean(d_gy, d_x, out, stream)
+                    assert _same(out.to_numpy(), want), (round_, index)
+        assert general.count == 0
+    finally:
+        stream.close()
+        for array in reversed(made):
+            array.close()
+
+
+def test_stride_zero_and_empty_device_arrays_on_the_lean_path(monkeypatch):
+    general = GeneralCalls(monkeypatch)
+    rows, hidden = 5, 8
+    rng = np.random.default_rng(4)
+    row_gy = rng.standard_normal(hidden).astype(np.float32)
+    row_x = rng.standard_normal(2 * hidden).astype(np.float32)
+    want = _want(np.broadcast_to(row_gy, (rows, hidden)), np.broadcast_to(row_x, (rows, 2 * hidden)))
+    with acl_swiglu.Stream() as stream, acl_swiglu.to_device(row_gy) as b_gy, acl_swiglu.to_device(row_x) as b_x:
+        # Every row of the view is the one row in memory (stride 0 on the leading dim).
+        d_gy = acl_swiglu.DeviceArray(b_gy.buffer, (rows, hidden), np.float32, strides=(0, 1))
+        d_x = acl_swiglu.DeviceArray(b_x.buffer, (rows, 2 * hidden), np.float32, strides=(0, 1))
+        with acl_swiglu.DeviceArray.empty((rows, 2 * hidden), np.float32) as out:
+            for call in range(3):
+                _lean(d_gy, d_x, out, stream)
+                assert _same(out.to_numpy(), want), call
+        e_gy = acl_swiglu.to_device(np.empty((0, hidden), np.float32))
+        e_x = acl_swiglu.to_device(np.empty((0, 2 * hidden), np.float32))
+        e_out = acl_swiglu.DeviceArray.empty((0, 2 * hidden), np.float32)
+        assert e_gy.buffer is None and e_out.buffer is None   # (their tensors are what calls pin)
+        before = general.count
+        for call in range(3):
+            got, _ = _lean(e_gy, e_x, e_out, stream)
+            assert got is e_out and got.to_numpy().shape == (0, 2 * hidden)
+        assert general.count == before + 1   # then lean
+        e_gy.close()
+        with pytest.raises(errors.HandleClosedError, match="grad_y"):
+            _lean(e_gy, e_x, e_out, stream)
+        e_x.close()
+        e_out.close()
+
+
+def _host_variants(gy: np.ndarray, x: np.ndarray) -> Dict[str, Tuple[np.ndarray, np.ndarray]]:
+    swapped = (gy.astype(gy.dtype.newbyteorder(">")), x.astype(x.dtype.newbyteorder(">")))
+    readonly = (gy.copy(), x.copy())
+    for array in readonly:
+        array.flags.writeable = False
+    strided = (np.repeat(gy, 2, axis=-1)[..., ::2], np.repeat(x, 3, axis=0)[::3])
+    flipped = (np.ascontiguousarray(gy[::-1])[::-1], np.ascontiguousarray(x[:, ::-1])[:, ::-1])
+    fortran = (np.asfortranarray(gy), np.asfortranarray(x))
+    broadcast = (np.broadcast_to(gy[:1], gy.shape), np.broadcast_to(x[:1], x.shape))
+    return {"swapped": swapped, "readonly": readonly, "strided": strided, "flipped": flipped, "fortran": fortran,
+            "broadcast": broadcast}
+
+
+def test_one_shot_host_array_variants_alternating_with_the_plain_layout():
+    """Non-native byte order, read-only, strided, negative strides, Fortran order, stride 0:
+    each is its own layout (or shares one with an array of the same strides) and gives the bits
+    of its values; alternating with the plain layout, every call hits a cached entry."""
+    gy, x = _case(rows=6, hidden=16, seed=7)
+    plain_want = _want(gy, x)
+    variants = _host_variants(gy, x)
+    wants = {name: _want(np.ascontiguousarray(v[0]).astype(np.float32), np.ascontiguousarray(v[1]).astype(np.float32))
+             for name, v in variants.items()}
+    for round_ in range(2):
+        for name, (v_gy, v_x) in variants.items():
+            before = (v_gy.copy(), v_x.copy())
+            got = acl_swiglu.swiglu_group_quant_grad(v_gy, v_x, clamp_limit=1.5)[0]
+            assert _same(got, wants[name]), (round_, name)
+            assert all(np.array_equal(a, b) for a, b in zip(before, (v_gy, v_x)))   # inputs untouched
+            assert _same(acl_swiglu.swiglu_group_quant_grad(gy, x, clamp_limit=1.5)[0], plain_want)
+
+
+def test_more_layouts_than_the_caches_hold():
+    """More than 256 layouts in turn (the layout caches are cleared when full): every call, one-shot
+    and lean device-level, still validates what it must and gives the model's bits."""
+    assert _aclnn._LAYOUT_CACHE_SIZE == 256
+    hidden, count = 4, 264
+    cases = []
+    for rows in range(1, count + 1):
+        gy, x = _case(rows, hidden, seed=rows)
+        cases.append((gy, x, _want(gy, x)))
+    with acl_swiglu.Stream() as stream:
+        devices = [(acl_swiglu.to_device(gy), acl_swiglu.to_device(x), acl_swiglu.DeviceArray.empty(x.shape, x.dtype))
+                   for gy, x, _ in cases]
+        try:
+            for round_ in range(2):
+                for (gy, x, want), (d_gy, d_x, out) in zip(cases, devices):
+                    assert _same(acl_swiglu.swiglu_group_quant_grad(gy, x, clamp_limit=1.5)[0], want), round_
+                    _lean(d_gy, d_x, out, stream)
+                for (_, _, want), (_, _, out) in zip(cases, devices):
+                    assert _same(out.to_numpy(), want), round_
+            # A layout evicted and then wrong: still refused (validation runs again).
+            gy, x, _ = cases[0]
+            with pytest.raises(errors.ArgumentError, match="x"):
+                acl_swiglu.swiglu_group_quant_grad(gy, x[:, :-2], clamp_limit=1.5)
+        finally:
+            for arrays in devices:
+                for array in arrays:
+                    array.close()
+
+
+@pytest.mark.parametrize("path", ["one-shot", "device"])
+def test_clamp_by_type_and_value(path):
+    """The cache key holds the clamp's type and value: 2, 2.0 and numpy.float32(2.0) give the
+    same bits; True (a bool) is refused whether or not 1 / 1.0 were cached before."""
+    gy, x = _case(rows=6, hidden=16, seed=9)
+    want = _want(gy, x, clamp=2.0)
+    want_one = _want(gy, x, clamp=1.0)
+    with acl_swiglu.Stream() as stream, acl_swiglu.to_device(gy) as d_gy, acl_swiglu.to_device(x) as d_x, \
+            acl_swiglu.DeviceArray.empty(x.shape, x.dtype) as out:
+
+        def run(clamp):
+            if path == "one-shot":
+                return acl_swiglu.swiglu_group_quant_grad(gy, x, clamp_limit=clamp)[0]
+            _lean(d_gy, d_x, out, stream, clamp)
+            return out.to_numpy()
+
+        for first in (True, False):
+            with pytest.raises(TypeError, match="bool"):
+                run(first)
+        for clamp in (2.0, 2, np.float32(2.0), 2.0, 2, np.float64(2.0)):
+            assert _same(run(clamp), want), repr(clamp)
+        for clamp in (1, 1.0, 1):
+            assert _same(run(clamp), want_one), repr(clamp)
+        for clamp in (True, np.bool_(True), False, -0.0, 0.0, 0, float("nan")):
+            with pytest.raises((TypeError, errors.ArgumentError)):
+                run(clamp)
+        assert _same(run(1.0), want_one)   # refusals left nothing cached in the way
+
+
+def test_abi_revision_switched_between_calls(monkeypatch):
+    """ACL_SWIGLU_ABI changed between calls: the layout caches are per revision, so each call is
+    validated and marshalled for the revision in force (revision 1: clamp 0.0 is off and
+    group_index host ints; revision 2: clamp -1.0 is off, group_index an int64 DeviceArray)."""
+    gy, x = _case(rows=6, hidden=16, seed=13)
+    rng = np.random.default_rng(13)
+    weight = (rng.random((6, 1)) + 0.5).astype(np.float32)
+    y_origin = rng.standard_normal((6, 16)).astype(np.float32)
+    groups = np.array([2, 3], np.int64)
+    off = _want(gy, x, clamp=None)
+    grouped = device_model.swiglu_group_quant_grad_model(gy, x, weight, y_origin, groups, 1.5)
+    with acl_swiglu.Stream() as stream, acl_swiglu.to_device(gy) as d_gy, acl_swiglu.to_device(x) as d_x, \
+            acl_swiglu.to_device(weight) as d_w, acl_swiglu.to_device(y_origin) as d_y, \
+            acl_swiglu.to_device(groups) as d_groups, acl_swiglu.DeviceArray.empty(x.shape, x.dtype) as out, \
+            acl_swiglu.DeviceArray.empty(weight.shape, np.float32) as out_w:
+        for revision in (2, 1, 2, 1, 1, 2):
+            monkeypatch.setenv("ACL_SWIGLU_ABI", str(revision))
+            assert acl_swiglu.abi_revision() == revision
+            assert _same(acl_swiglu.swiglu_group_quant_grad(gy, x)[0], off), revision
+            _lean(d_gy, d_x, out, stream, None)
+            assert _same(out.to_numpy(), off), revision
+            group_index = groups if revision == 1 else d_groups
+            got_x, got_w = acl_swiglu.swiglu_group_quant_grad_device(
+                d_gy, d_x, d_w, d_y, group_index, 1.5, grad_x=out, grad_weight=out_w, stream=stream)
+            assert _same(got_x.to_numpy(), grouped[0]) and _same(got_w.to_numpy(), grouped[1]), revision
+            one_x, one_w = acl_swiglu.swiglu_group_quant_grad(gy, x, weight, y_origin, groups, 1.5)
+            assert _same(one_x, grouped[0]) and _same(one_w, grouped[1]), revision
