@@ -798,3 +798,154 @@ def test_abi_revision_switched_between_calls(monkeypatch):
             assert _same(got_x.to_numpy(), grouped[0]) and _same(got_w.to_numpy(), grouped[1]), revision
             one_x, one_w = acl_swiglu.swiglu_group_quant_grad(gy, x, weight, y_origin, groups, 1.5)
             assert _same(one_x, grouped[0]) and _same(one_w, grouped[1]), revision
+
+
+# ----------------------------------------------------------------------------- faults
+
+DECLARED = tuple(dict.fromkeys(declaration.symbol for declaration in _ffi.declarations()))
+# Called once per process or at exit, or with no status to fail: not part of one call.
+NOT_PER_CALL = {"aclInit", "aclFinalize", "aclrtResetDevice", "aclGetRecentErrMsg", "aclrtGetDevice"}
+# A failed destroy/free leaves its handle live by design: injected in a child process below.
+RELEASES = {"aclDestroyTensor", "aclDestroyIntArray", "aclDestroyAclOpExecutor", "aclrtDestroyStream", "aclrtFree"}
+FAULT_CODE = 507000   # any code: each is its own class, checked by code
+
+
+def _enumerate_faults(operation: Callable[[], np.ndarray], want: np.ndarray, apis,
+                      prepare: Callable[[], None] = lambda: None) -> Dict[str, int]:
+    """Injects a failure into the Nth call of each API in turn (N = 1, 2, ... until it no longer
+    fires): the operation raises the AclError of that API and code, with exactly one injected
+    fault's text; nothing it made is left; the next call gives the model's bits. `prepare` runs
+    before each injected run. Returns how often each API is called."""
+    fired: Dict[str, int] = {}
+    for api in apis:
+        n = 1
+        while n <= 50:
+            prepare()
+            gc.collect()
+            before = emulator.live_counts()
+            with emulator.inject_faults(f"{api}:{n}:{FAULT_CODE}"):
+                try:
+                    operation()
+                    raised = None
+                except errors.AclError as exc:
+                    raised = exc
+                count = emulator.faults_injected()
+            if not count:
+                assert raised is None, (api, n, raised)
+                break
+            fired[api] = n
+            assert raised is not None, f"a failure of {api} call {n} was lost"
+            assert (raised.api, raised.code) == (api, FAULT_CODE), (api, n, raised)
+            assert raised.message.count("injected fault") == 1, (api, n, raised.message)
+            raised = None   # (its traceback holds the call's frames)
+            prepare()   # (what the operation may cache, dropped again)
+            gc.collect()
+            assert emulator.live_counts() == before, (api, n)
+            assert _same(operation(), want), (api, n)
+            n += 1
+        else:
+            pytest.fail(f"{api} was called more than 50 times in one operation")
+    return fired
+
+
+def test_every_call_of_a_lean_device_call_failed_in_turn(monkeypatch):
+    gy, x = _case()
+    want = _want(gy, x)
+    general = GeneralCalls(monkeypatch)
+    with acl_swiglu.Stream() as stream, acl_swiglu.to_device(gy) as d_gy, acl_swiglu.to_device(x) as d_x, \
+            acl_swiglu.DeviceArray.empty(x.shape, x.dtype) as out:
+        _warm(d_gy, d_x, out, stream)
+        general.count = 0
+
+        def operation():
+            _lean(d_gy, d_x, out, stream)
+            return out.to_numpy()
+
+        fired = _enumerate_faults(operation, want, [api for api in DECLARED if api not in NOT_PER_CALL | RELEASES])
+        assert {PHASE1, PHASE2, "aclrtSynchronizeStream", "aclrtMemcpy"} <= set(fired), fired
+        # The pool emptied first: the workspace comes from run_with_workspace.
+        fired = _enumerate_faults(operation, want, [api for api in DECLARED if api not in NOT_PER_CALL | RELEASES],
+                                  stream.release_workspace)
+        assert "aclrtMalloc" in fired, fired
+        assert general.count == 0   # every call was a lean one
+
+
+def test_every_call_of_a_one_shot_helper_call_failed_in_turn():
+    assert _scratch.arena_helper(_ffi.api(), PHASE2) is not None, "the one-shot calls must take the C helper"
+    gy, x = _case(rows=5, hidden=16, seed=21)
+    rng = np.random.default_rng(21)
+    weight = (rng.random(5) + 0.5).astype(np.float32)
+    y_origin = rng.standard_normal((5, 16)).astype(np.float32)
+    groups = np.array([3, 1], np.int64)
+    want = device_model.swiglu_group_quant_grad_model(gy, x, weight, y_origin, groups, 1.5)
+
+    def operation():
+        grad_x, grad_w = acl_swiglu.swiglu_group_quant_grad(gy, x, weight, y_origin, groups, 1.5)
+        assert _same(grad_w, want[1])
+        return grad_x
+
+    operation()   # the layout and its workspace size
+    fired = _enumerate_faults(operation, want[0], [api for api in DECLARED if api not in NOT_PER_CALL | RELEASES])
+    assert {"aclrtMalloc", "aclrtMemcpy", "aclCreateTensor", PHASE1, PHASE2, "aclrtSynchronizeStream"} <= set(fired)
+    assert fired["aclrtMemcpy"] == 5 + 2 and fired["aclCreateTensor"] == 5 + 2, fired   # 5 inputs in, 2 outputs out
+
+
+_HELPER_RELEASE_FAULTS = r"""
+import gc, json, sys
+import numpy as np
+import acl_swiglu
+from acl_swiglu import _ffi, _scratch, emulator, errors
+import device_model
+
+assert _scratch.arena_helper(_ffi.api(), "aclnnSwigluGroupQuantGrad") is not None
+rng = np.random.default_rng(8)
+gy = rng.standard_normal((4, 8)).astype(np.float32)
+x = rng.standard_normal((4, 16)).astype(np.float32)
+want = device_model.swiglu_group_quant_grad_model(gy, x, clamp_limit=1.5)[0]
+acl_swiglu.swiglu_group_quant_grad(gy, x, clamp_limit=1.5)
+report = []
+for api in ("aclDestroyTensor", "aclrtFree"):
+    for n in range(1, 10):
+        for also in ("", ",aclnnSwigluGroupQuantGrad:1:561103", ",aclrtMemcpy:3:507000"):
+            if also and not report or also and report[-1]["plan"] != f"{api}:{n}":
+                break   # (the release failed alone first)
+            before = emulator.live_counts()
+            with emulator.inject_faults(f"{api}:{n}:161002{also}"):
+                try:
+                    acl_swiglu.swiglu_group_quant_grad(gy, x, clamp_limit=1.5)
+                    first = None
+                except errors.AclError as error:
+                    first = [error.api, error.code, error.message.count("injected fault")]
+                fired = emulator.faults_injected()
+            if not fired:
+                continue
+            gc.collect()
+            after = emulator.live_counts()
+            leaked = {k: after[k] - before[k] for k in after if k != "bytes" and after[k] != before[k]}
+            got = acl_swiglu.swiglu_group_quant_grad(gy, x, clamp_limit=1.5)[0]
+            report.append({"plan": f"{api}:{n}{also}", "fired": fired, "first": first, "leaked": leaked,
+                           "next": bool(np.array_equal(got.view(np.uint32), want.view(np.uint32)))})
+print(json.dumps(report))
+"""
+
+
+@pytest.mark.emulator_only
+def test_every_release_of_a_one_shot_helper_call_failed_in_turn(tmp_path):
+    """A failed destroy or free in the helper's release (its handle stays live: a child
+    process), alone and after a failed launch or copy back: the first failure is the error,
+    with its text alone; only the handle whose release failed is left; the next call works."""
+    report = _run_child(_HELPER_RELEASE_FAULTS, tmp_path)
+    plans = {entry["plan"] for entry in report}
+    assert {"aclDestroyTensor:1", "aclDestroyTensor:2", "aclrtFree:1"} <= plans, plans
+    for entry in report:
+        api = entry["plan"].split(":")[0]
+        primary = {"aclnnSwigluGroupQuantGrad": [PHASE2, 561103], "aclrtMemcpy": ["aclrtMemcpy", 507000]}
+        expected = [api, 161002]
+        for name, first in primary.items():
+            if "," + name in entry["plan"]:
+                assert entry["fired"] == 2, entry
+                expected = first
+        assert entry["first"][:2] == expected and entry["first"][2] == 1, entry
+        kind = "tensor" if api == "aclDestroyTensor" else "allocation"
+        assert entry["leaked"] == {kind: 1}, entry   # the one handle whose release failed
+        assert entry["next"], entry
