@@ -949,3 +949,184 @@ def test_every_release_of_a_one_shot_helper_call_failed_in_turn(tmp_path):
         kind = "tensor" if api == "aclDestroyTensor" else "allocation"
         assert entry["leaked"] == {kind: 1}, entry   # the one handle whose release failed
         assert entry["next"], entry
+
+
+# ----------------------------------------------------------------------------- KeyboardInterrupt
+
+
+class Interrupt(BaseException):
+    """Stands for KeyboardInterrupt / SystemExit raised by a signal handler at a bad moment."""
+
+
+def _interrupt_once(monkeypatch, owner: Any, name: str) -> List[int]:
+    """Makes owner.name raise Interrupt on its first call (then behave as before)."""
+    real = getattr(owner, name)
+    calls = [0]
+
+    def interrupted(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == 1:
+            raise Interrupt(name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, interrupted)
+    return calls
+
+
+def test_interrupt_while_a_one_shot_helper_call_takes_its_first_workspace(monkeypatch):
+    """The first call of a layout takes its workspace from the stream's pool between the
+    helper's open and finish: interrupted there, the arena, the tensors and the executor are all
+    released, and the next call works."""
+    assert _scratch.arena_helper(_ffi.api(), PHASE2) is not None
+    gy, x = _case(rows=3, hidden=40, seed=31)   # a layout no other test uses
+    want = _want(gy, x, clamp=0.5)
+    acl_swiglu.swiglu_group_quant_grad(*_case(rows=2, hidden=8))   # the thread's stream exists
+    acl_swiglu.release_cached()
+    acl_swiglu.swiglu_group_quant_grad(*_case(rows=2, hidden=8))
+    gc.collect()
+    before = emulator.live_counts()
+    calls = _interrupt_once(monkeypatch, _device.Stream, "_take_workspace")
+    with pytest.raises(Interrupt):
+        acl_swiglu.swiglu_group_quant_grad(gy, x, clamp_limit=0.5)
+    assert calls[0] == 1
+    gc.collect()
+    after = emulator.live_counts()
+    assert after["executor"] == 0 and after == before, (before, after)
+    assert _same(acl_swiglu.swiglu_group_quant_grad(gy, x, clamp_limit=0.5)[0], want)
+    assert _same(acl_swiglu.swiglu_group_quant_grad(gy, x, clamp_limit=0.5)[0], want)   # from the arena
+
+
+@pytest.mark.parametrize("step", ["take-workspace", "mark-written"])
+def test_interrupt_inside_a_lean_device_call(monkeypatch, step):
+    """Interrupted while taking a workspace (after phase 1) or while marking the outputs (after
+    phase 2): no executor is left, every pin is released (closing the arrays frees them), and
+    the next call gives the model's bits."""
+    gy, x = _case()
+    want = _want(gy, x)
+    with acl_swiglu.Stream() as stream:
+        d_gy, d_x = acl_swiglu.to_device(gy), acl_swiglu.to_device(x)
+        out = acl_swiglu.DeviceArray.empty(x.shape, x.dtype)
+        _warm(d_gy, d_x, out, stream)
+        if step == "take-workspace":
+            stream.release_workspace()
+            calls = _interrupt_once(monkeypatch, _device.Stream, "_take_workspace")
+        else:
+            calls = _interrupt_once(monkeypatch, _aclnn, "mark_written")
+        with pytest.raises(Interrupt):
+            _lean(d_gy, d_x, out, stream)
+        assert calls[0] == 1
+        stream.synchronize()
+        assert emulator.live_counts()["executor"] == 0
+        lives = [d_gy.buffer._life, d_x.buffer._life, out.buffer._life]
+        assert [life.pins for life in lives] == [0, 0, 0]
+        _lean(d_gy, d_x, out, stream)
+        assert _same(out.to_numpy(), want)
+        before = emulator.live_counts()
+        for array in (d_gy, d_x, out):
+            array.close()
+        after = emulator.live_counts()
+        assert before["allocation"] - after["allocation"] == 3 and before["tensor"] - after["tensor"] == 3
+
+
+# ----------------------------------------------------------------------------- garbage collection
+
+
+def test_arrays_dropped_without_close_between_lean_calls():
+    """Outputs and inputs left to the garbage collector between lean calls (some in reference
+    cycles): every call gives the model's bits and everything dropped is freed."""
+    gy, x = _case()
+    want = _want(gy, x)
+    with acl_swiglu.Stream() as stream:
+        keep_gy, keep_x = acl_swiglu.to_device(gy), acl_swiglu.to_device(x)
+        try:
+            out = acl_swiglu.DeviceArray.empty(x.shape, x.dtype)
+            _warm(keep_gy, keep_x, out, stream)
+            del out
+            gc.collect()
+            before = emulator.live_counts()
+            for round_ in range(30):
+                d_gy = acl_swiglu.to_device(gy) if round_ % 3 == 0 else keep_gy
+                out = acl_swiglu.DeviceArray.empty(x.shape, x.dtype)
+                for _ in range(2):
+                    _lean(d_gy, keep_x, out, stream)
+                if round_ % 2:
+                    out.cycle = out   # collectable only by the cycle collector
+                else:
+                    assert _same(out.to_numpy(), want), round_
+                del out, d_gy
+                if round_ % 5 == 4:
+                    gc.collect()
+            gc.collect()
+            stream.synchronize()
+            assert emulator.live_counts() == before
+        finally:
+            keep_gy.close()
+            keep_x.close()
+
+
+def test_gc_callback_that_calls_and_closes_during_lean_calls():
+    """A gc callback (run by any allocation, also inside a lean call) makes its own device call
+    and closes arrays a lean call may be using: no deadlock, and every lean call gives the
+    model's bits or raises HandleClosedError for an array that was closed."""
+    gy, x = _case()
+    want = _want(gy, x)
+    stream = acl_swiglu.Stream()
+    d_x = acl_swiglu.to_device(x)
+    side_gy = acl_swiglu.to_device(gy)
+    side_out = acl_swiglu.DeviceArray.empty(x.shape, x.dtype)
+    victims: List[acl_swiglu.DeviceArray] = []
+    events = collections.Counter()
+    inside = [False]
+    allowance = [0]   # closes the callback may make in this round
+
+    def callback(phase, info):
+        if phase != "start" or inside[0]:
+            return
+        inside[0] = True
+        try:
+            events["collections"] += 1
+            _lean(side_gy, d_x, side_out, stream)   # a call made from inside another one
+            if victims and allowance[0]:
+                allowance[0] -= 1
+                victims[-1 - events["closed"] % 2].close()   # the call's output or its grad_y
+                events["closed"] += 1
+        finally:
+            inside[0] = False
+
+    outcomes = collections.Counter()
+    thresholds = gc.get_threshold()
+    try:
+        _warm(side_gy, d_x, side_out, stream)
+        gc.callbacks.append(callback)
+        gc.set_threshold(1, 1, 1)   # a collection at nearly every allocation
+        for round_ in range(40):
+            d_gy = acl_swiglu.to_device(gy)
+            out = acl_swiglu.DeviceArray.empty(x.shape, x.dtype)
+            victims.extend([d_gy, out])
+            allowance[0] = round_ % 2   # odd rounds: one close, from inside whichever call collects
+            for _ in range(3):
+                try:
+                    _lean(d_gy, d_x, out, stream)
+                except errors.HandleClosedError:
+                    assert d_gy.closed or out.closed
+                    outcomes["closed"] += 1
+                    break
+                if not out.closed:
+                    try:
+                        got = out.to_numpy()
+                    except errors.HandleClosedError:
+                        outcomes["closed"] += 1
+                        break
+                    assert _same(got, want), round_
+                    outcomes["ok"] += 1
+    finally:
+        gc.set_threshold(*thresholds)
+        if callback in gc.callbacks:
+            gc.callbacks.remove(callback)
+        stream.synchronize()
+        got = side_out.to_numpy()
+        for array in victims + [d_x, side_gy, side_out]:
+            array.close()
+        stream.close()
+    assert _same(got, want)
+    assert events["collections"] > 40 and events["closed"] >= 10 and outcomes["ok"] >= 20, (events, outcomes)
