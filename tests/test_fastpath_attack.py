@@ -1130,3 +1130,152 @@ def test_gc_callback_that_calls_and_closes_during_lean_calls():
         stream.close()
     assert _same(got, want)
     assert events["collections"] > 40 and events["closed"] >= 10 and outcomes["ok"] >= 20, (events, outcomes)
+
+
+# ----------------------------------------------------------------------------- fork
+
+_FORK_AFTER_CALLS = r"""
+import json, os, sys, threading, time
+import numpy as np
+import acl_swiglu
+from acl_swiglu import errors
+import device_model
+
+rng = np.random.default_rng(2)
+gy = rng.standard_normal((4, 8)).astype(np.float32)
+x = rng.standard_normal((4, 16)).astype(np.float32)
+want = device_model.swiglu_group_quant_grad_model(gy, x, clamp_limit=1.5)[0]
+stream = acl_swiglu.Stream()
+d_gy, d_x = acl_swiglu.to_device(gy), acl_swiglu.to_device(x)
+out = acl_swiglu.DeviceArray.empty(x.shape, x.dtype)
+for _ in range(2):
+    acl_swiglu.swiglu_group_quant_grad_device(d_gy, d_x, clamp_limit=1.5, grad_x=out, stream=stream)
+acl_swiglu.swiglu_group_quant_grad(gy, x, clamp_limit=1.5)
+
+stop = threading.Event()
+def busy():   # lean and one-shot calls on another thread while this one forks
+    while not stop.is_set():
+        acl_swiglu.swiglu_group_quant_grad_device(d_gy, d_x, clamp_limit=1.5, grad_x=out, stream=stream)
+        acl_swiglu.swiglu_group_quant_grad(gy, x, clamp_limit=1.5)
+
+def child():
+    outcome = {}
+    for name, call in (("lean", lambda: acl_swiglu.swiglu_group_quant_grad_device(
+                            d_gy, d_x, clamp_limit=1.5, grad_x=out, stream=stream)),
+                       ("one-shot", lambda: acl_swiglu.swiglu_group_quant_grad(gy, x, clamp_limit=1.5)),
+                       ("read", lambda: out.to_numpy())):
+        try:
+            call()
+            outcome[name] = "worked"
+        except errors.AclError as exc:
+            outcome[name] = [exc.code, "forked" in str(exc)]
+    for name, step in (("close", lambda: (d_gy.close(), stream.close())), ("release", acl_swiglu.release_cached)):
+        try:
+            step()
+            outcome[name] = "worked"
+        except Exception as exc:
+            outcome[name] = f"{type(exc).__name__}: {exc}"
+    return outcome
+
+worker = threading.Thread(target=busy)
+worker.start()
+report = []
+for attempt in range(5):
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        try:
+            text = json.dumps(child())
+        except BaseException as exc:
+            text = json.dumps({"crash": repr(exc)})
+        os.write(write, text.encode())
+        os._exit(0)
+    os.close(write)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.01)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        report.append({"hung": attempt})
+        continue
+    data = b""
+    while True:
+        chunk = os.read(read, 65536)
+        if not chunk:
+            break
+        data += chunk
+    os.close(read)
+    report.append({"status": status, "outcome": json.loads(data or b"{}")})
+stop.set()
+worker.join()
+got = acl_swiglu.swiglu_group_quant_grad_device(d_gy, d_x, clamp_limit=1.5, grad_x=out, stream=stream)[0]
+parent_ok = bool(np.array_equal(got.to_numpy().view(np.uint32), want.view(np.uint32)))
+print(json.dumps({"children": report, "parent": parent_ok}))
+"""
+
+
+@pytest.mark.emulator_only
+def test_children_forked_during_lean_and_one_shot_calls(tmp_path):
+    """Children forked (while another thread makes lean and one-shot calls, so the package's
+    locks may be held) fail every ACL use clearly (AclError 100001 saying why), only drop their
+    objects on close() and release_cached(), and never hang; the parent goes on."""
+    report = _run_child(_FORK_AFTER_CALLS, tmp_path, timeout=200)
+    assert report["parent"]
+    assert len(report["children"]) == 5
+    for child in report["children"]:
+        assert "hung" not in child, child
+        assert child["status"] == 0 and "crash" not in child["outcome"], child
+        outcome = child["outcome"]
+        for name in ("lean", "one-shot"):
+            assert outcome[name] == [100001, True], child
+        assert outcome["read"] in ("worked", [100001, True]), child
+        assert outcome["close"] == "worked" and outcome["release"] == "worked", child
+
+
+_MULTIPROCESSING_FORK = r"""
+import json, multiprocessing
+import numpy as np
+import acl_swiglu
+from acl_swiglu import errors
+
+rng = np.random.default_rng(2)
+gy = rng.standard_normal((4, 8)).astype(np.float32)
+x = rng.standard_normal((4, 16)).astype(np.float32)
+stream = acl_swiglu.Stream()
+d_gy, d_x = acl_swiglu.to_device(gy), acl_swiglu.to_device(x)
+out = acl_swiglu.DeviceArray.empty(x.shape, x.dtype)
+for _ in range(2):
+    acl_swiglu.swiglu_group_quant_grad_device(d_gy, d_x, grad_x=out, stream=stream)
+acl_swiglu.swiglu_group_quant_grad(gy, x)
+
+def task(kind):
+    try:
+        if kind == "lean":
+            acl_swiglu.swiglu_group_quant_grad_device(d_gy, d_x, grad_x=out, stream=stream)
+        else:
+            acl_swiglu.swiglu_group_quant_grad(gy, x)
+        return "worked"
+    except errors.AclError as exc:
+        return [exc.code, "forked" in str(exc)]
+
+if __name__ == "__main__":
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        result = pool.map_async(task, ["lean", "one-shot", "lean", "one-shot"]).get(60)
+    print(json.dumps(result))
+"""
+
+
+@pytest.mark.emulator_only
+def test_multiprocessing_fork_pool_after_fast_calls(tmp_path):
+    script = tmp_path / "fork_pool.py"
+    script.write_text(_MULTIPROCESSING_FORK)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACL_EMU_FAULT")}
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, cwd=tmp_path,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == [[100001, True]] * 4
