@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 
 import acl_swiglu
+import acl_swiglu.op
 from acl_swiglu import _aclnn, _device, _ffi, _scratch, emulator, errors, runtime
 
 import device_model
@@ -36,7 +37,16 @@ PHASE2 = "aclnnSwigluGroupQuantGrad"
 WAIT = 10.0   # seconds: bounds every hand-over between threads (never decides an outcome)
 
 
-def _case(rows: int = 6, hidden: int = 24, seed: int = 11, dtype=np.float32) -> Tuple[np.ndarray, np.ndarray]:
+@pytest.fixture(scope="module", autouse=True)
+def forget_layouts():
+    """The layouts validated here are forgotten afterwards: other modules count first calls."""
+    yield
+    operator = acl_swiglu.op.SWIGLU_GROUP_QUANT_GRAD
+    operator.device_recipes.clear()
+    operator.one_shot_layouts.clear()
+
+
+def _case(rows: int = 7, hidden: int = 20, seed: int = 11, dtype=np.float32) -> Tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     gy = rng.standard_normal((rows, hidden)).astype(np.float32).astype(dtype)
     x = rng.standard_normal((rows, 2 * hidden)).astype(np.float32).astype(dtype)
@@ -894,6 +904,7 @@ _HELPER_RELEASE_FAULTS = r"""
 import gc, json, sys
 import numpy as np
 import acl_swiglu
+import acl_swiglu.op
 from acl_swiglu import _ffi, _scratch, emulator, errors
 import device_model
 
@@ -1138,6 +1149,7 @@ _FORK_AFTER_CALLS = r"""
 import json, os, sys, threading, time
 import numpy as np
 import acl_swiglu
+import acl_swiglu.op
 from acl_swiglu import errors
 import device_model
 
@@ -1241,6 +1253,7 @@ _MULTIPROCESSING_FORK = r"""
 import json, multiprocessing
 import numpy as np
 import acl_swiglu
+import acl_swiglu.op
 from acl_swiglu import errors
 
 rng = np.random.default_rng(2)
@@ -1279,3 +1292,38 @@ def test_multiprocessing_fork_pool_after_fast_calls(tmp_path):
                           timeout=120)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == [[100001, True]] * 4
+
+
+# ----------------------------------------------------------------------------- plans
+
+
+def test_plan_input_rewritten_by_lean_calls_on_another_stream():
+    """A plan reads an array that lean calls on another stream keep rewriting with other data
+    (and unrelated arrays are closed meanwhile, moving close_epoch): every plan call waits for
+    the last write (the one comparison sees the foreign write) and gives the bits of the data
+    written last; closing the plan's input then fails its next call."""
+    gy, x = _case(rows=6, hidden=16, seed=41)
+    sources = [_case(rows=6, hidden=16, seed=50 + k)[1] for k in range(3)]
+    middles = [_want(gy, source) for source in sources]          # what the lean calls write
+    wants = [_want(gy, middle) for middle in middles]            # what the plan computes from it
+    with acl_swiglu.Stream() as writer, acl_swiglu.Stream() as reader, acl_swiglu.to_device(gy) as d_gy, \
+            acl_swiglu.DeviceArray.empty(x.shape, x.dtype) as middle:
+        d_sources = [acl_swiglu.to_device(source) for source in sources]
+        try:
+            for d_source in d_sources:
+                _warm(d_gy, d_source, middle, writer)
+            with acl_swiglu.SwigluGroupQuantGradPlan(d_gy, middle, clamp_limit=1.5, stream=reader) as plan:
+                for round_ in range(12):
+                    k = round_ % 3
+                    _lean(d_gy, d_sources[k], middle, writer)   # queued on the writer: not run yet
+                    assert middle.pending is writer
+                    if round_ % 4 == 1:
+                        acl_swiglu.to_device(gy).close()   # an unrelated close
+                    grad_x, _ = plan()
+                    assert _same(grad_x.to_numpy(), wants[k]), round_
+                middle.close()
+                with pytest.raises(errors.HandleClosedError):
+                    plan()
+        finally:
+            for array in d_sources:
+                array.close()
