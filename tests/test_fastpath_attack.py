@@ -22,7 +22,6 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-import ml_dtypes
 import numpy as np
 import pytest
 
@@ -115,10 +114,37 @@ class Handover:
 
 # ----------------------------------------------------------------------------- forced interleavings
 
+# The defects the forced tests below show, by test (each test is marked xfail with its text).
+KNOWN_BUGS = {
+    "close_between_pin_check_and_tensor_destroy": (
+        "DeviceArray.close destroys the array's tensor handle when close_with finds "
+        "its memory unpinned, without bumping close_epoch first: a lean call that pinned the memory "
+        "just after that check passes its epoch check and hands the destroyed aclTensor to phase 1"),
+    "stream_closed_during_a_lean_call": (
+        "calls do not pin their stream: Stream.close destroys the aclrtStream while a "
+        "lean call that already holds the pooled workspace is about to launch on it; the launch then goes "
+        "to a destroyed handle (161002) or, when a new stream got the same address, to that stream, whose "
+        "work the call's memory does not wait for (507015 after an input is closed)"),
+    "read_racing_a_close_of_its_array": (
+        "DeviceArray.to_numpy does not pin the memory it copies from: a close() from "
+        "another thread between its open check and the copy frees the memory under aclrtMemcpy"),
+    "workspace_released_while_a_call_holds_it": (
+        "Stream.run_with_workspace reads the pooled buffer's address through "
+        "DeviceBuffer.ptr after pinning it: a release_workspace() (or a pool growth) from another thread "
+        "in between closes the wrapper, and the call raises HandleClosedError although nothing it was "
+        "given was closed"),
+    "first_use_from_two_threads_while_a_lean_call_reads_the_binding": (
+        "tensor.tensor_for is not atomic: two threads making the first call with an "
+        "array both make an aclTensor, the second replaces the first in _tensor/_bound, and the first is "
+        "destroyed (garbage-collected) when its call ends, while a lean call that read _bound in between "
+        "still hands its address to phase 1 (the lean path checks the buffer's life, not the tensor's); "
+        "once the address is reused by a new tensor, phase 1 gets another array's tensor"),
+}
 
-@pytest.mark.xfail(strict=True, reason="DeviceArray.close destroys the array's tensor handle when close_with finds "
-                   "its memory unpinned, without bumping close_epoch first: a lean call that pinned the memory "
-                   "just after that check passes its epoch check and hands the destroyed aclTensor to phase 1")
+
+
+
+@pytest.mark.xfail(strict=True, reason=KNOWN_BUGS["close_between_pin_check_and_tensor_destroy"])
 def test_close_between_pin_check_and_tensor_destroy(monkeypatch):
     """Thread B closes grad_y while thread A is in a lean call: B's close_with finds the memory
     unpinned, then A pins it and checks the epoch (unchanged: nothing bumped it yet), then B's
@@ -175,10 +201,7 @@ def test_close_between_pin_check_and_tensor_destroy(monkeypatch):
         assert outcome and isinstance(outcome[0], errors.HandleClosedError), outcome
 
 
-@pytest.mark.xfail(strict=True, reason="calls do not pin their stream: Stream.close destroys the aclrtStream while a "
-                   "lean call that already holds the pooled workspace is about to launch on it; the launch then goes "
-                   "to a destroyed handle (161002) or, when a new stream got the same address, to that stream, whose "
-                   "work the call's memory does not wait for (507015 after an input is closed)")
+@pytest.mark.xfail(strict=True, reason=KNOWN_BUGS["stream_closed_during_a_lean_call"])
 def test_stream_closed_during_a_lean_call(monkeypatch):
     gy, x = _case()
     want = _want(gy, x)
@@ -446,8 +469,7 @@ def test_lean_calls_from_threads_racing_closes_and_workspace_pools(busy_schedule
             stream.close()
 
 
-@pytest.mark.xfail(strict=True, reason="DeviceArray.to_numpy does not pin the memory it copies from: a close() from "
-                   "another thread between its open check and the copy frees the memory under aclrtMemcpy")
+@pytest.mark.xfail(strict=True, reason=KNOWN_BUGS["read_racing_a_close_of_its_array"])
 def test_read_racing_a_close_of_its_array(monkeypatch):
     gy, x = _case()
     with acl_swiglu.to_device(gy) as d_gy, acl_swiglu.to_device(x) as d_x, acl_swiglu.Stream() as stream:
@@ -466,10 +488,7 @@ def test_read_racing_a_close_of_its_array(monkeypatch):
             out.to_numpy()
 
 
-@pytest.mark.xfail(strict=True, reason="Stream.run_with_workspace reads the pooled buffer's address through "
-                   "DeviceBuffer.ptr after pinning it: a release_workspace() (or a pool growth) from another thread "
-                   "in between closes the wrapper, and the call raises HandleClosedError although nothing it was "
-                   "given was closed")
+@pytest.mark.xfail(strict=True, reason=KNOWN_BUGS["workspace_released_while_a_call_holds_it"])
 def test_workspace_released_while_a_call_holds_it(monkeypatch):
     gy, x = _case()
     want = _want(gy, x)
@@ -490,10 +509,7 @@ def test_workspace_released_while_a_call_holds_it(monkeypatch):
         assert _same(out.to_numpy(), want)
 
 
-@pytest.mark.xfail(strict=True, reason="tensor.tensor_for is not atomic: two threads making the first call with an "
-                   "array both make an aclTensor, the second replaces the first in _tensor/_bound, and the first is "
-                   "destroyed (garbage-collected) when its call ends, while a lean call that read _bound in between "
-                   "still hands its address to phase 1 (the lean path checks the buffer's life, not the tensor's)")
+@pytest.mark.xfail(strict=True, reason=KNOWN_BUGS["first_use_from_two_threads_while_a_lean_call_reads_the_binding"])
 def test_first_use_from_two_threads_while_a_lean_call_reads_the_binding(monkeypatch):
     """Threads 1 and 2 make the first device call with a fresh grad_y at the same time; thread
     1's tensor is bound first, a lean call (this thread) reads that binding, then thread 2 binds
