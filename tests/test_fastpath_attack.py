@@ -12,6 +12,7 @@ timeout. Every success is compared bit for bit with tests/device_model.py.
 from __future__ import annotations
 
 import collections
+import contextlib
 import gc
 import json
 import os
@@ -20,7 +21,7 @@ import sys
 import textwrap
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import pytest
@@ -116,6 +117,10 @@ class Handover:
 
 # The defects the forced tests below show, by test (each test is marked xfail with its text).
 KNOWN_BUGS = {
+    "lean_calls_from_threads_racing_closes": (
+        "closes racing lean calls crashed the process (SIGSEGV in aclrtSynchronizeStream, called from the quiet "
+        "wait of a free) in about 1 run in 12 here, and hit the close/pin race (a destroyed aclTensor given to "
+        "phase 1, counted by the loop); not strict: the crash does not come every run"),
     "close_between_pin_check_and_tensor_destroy": (
         "DeviceArray.close destroys the array's tensor handle when close_with finds "
         "its memory unpinned, without bumping close_epoch first: a lean call that pinned the memory "
@@ -262,11 +267,11 @@ def test_stream_closed_during_a_lean_call(monkeypatch):
 # ----------------------------------------------------------------------------- threads
 
 
-@pytest.fixture
-def busy_scheduler(monkeypatch):
-    """A hostile scheduler: thread switches every few microseconds, and a switch offered at the
-    steps where a close and a call meet (before a call pins what it uses, before a tensor handle
-    is destroyed). The switches only widen windows; no outcome depends on their timing."""
+@contextlib.contextmanager
+def hostile_scheduler() -> Iterator[None]:
+    """Thread switches every few microseconds, and a switch offered at the steps where a close
+    and a call meet (before a call pins what it uses, before a tensor handle is destroyed). The
+    switches only widen windows; no outcome depends on their timing."""
     from acl_swiglu.tensor import AclTensor
     real_pin, real_close = _aclnn.pin, AclTensor.close
 
@@ -278,14 +283,20 @@ def busy_scheduler(monkeypatch):
         time.sleep(0)
         real_close(self)
 
-    monkeypatch.setattr(_aclnn, "pin", pin_after_a_switch)
-    monkeypatch.setattr(AclTensor, "close", close_after_a_switch)
     previous = sys.getswitchinterval()
+    _aclnn.pin, AclTensor.close = pin_after_a_switch, close_after_a_switch
     sys.setswitchinterval(1e-5)
     try:
         yield
     finally:
         sys.setswitchinterval(previous)
+        _aclnn.pin, AclTensor.close = real_pin, real_close
+
+
+@pytest.fixture
+def busy_scheduler():
+    with hostile_scheduler():
+        yield
 
 
 class Generation:
@@ -416,57 +427,96 @@ def _closer(generation: Generation, streams: List[acl_swiglu.Stream], outputs: L
             sentinels.append((acl_swiglu.to_device(pattern), pattern))
 
 
-@pytest.mark.parametrize("closes", [True, False], ids=["closes", "pools-only"])
-@pytest.mark.parametrize("shared_stream", [True, False], ids=["one-stream", "own-streams"])
-def test_lean_calls_from_threads_racing_closes_and_workspace_pools(busy_scheduler, monkeypatch, shared_stream,
-                                                                   closes):
-    """Workers make lean calls with shared inputs and their own outputs while a closer replaces
-    (closes) the inputs, closes outputs, empties and grows the pools: each call gives the model's
-    bits or raises HandleClosedError naming something that was closed; never a kernel on freed
-    memory (507015 at the read), never wrong bits; sentinels allocated after a close stay as
-    written; nothing leaks."""
+def lean_race(shared_stream: bool, closes: bool) -> Dict[str, Any]:
+    """Workers make lean calls with shared inputs and their own outputs while a closer (with
+    `closes`) replaces (closes) the inputs and closes outputs, and empties and grows the pools,
+    under a hostile scheduler. Returns what the tests judge: the wrong outcomes (`problems`),
+    the outcome counts, and whether the race was on."""
     workers, calls = 4, 60
     gy, x = _case(rows=8, hidden=32)
     want = _want(gy, x)
-    general = GeneralCalls(monkeypatch)
-    generation = Generation(gy, x)
-    streams = [acl_swiglu.Stream() for _ in range(1 if shared_stream else workers)]
-    with acl_swiglu.DeviceArray.empty(x.shape, np.float32) as warm:
-        for stream in streams:
-            _warm(*generation.current, warm, stream)
-    general.count = 0
-    problems: List[str] = []
-    counts: collections.Counter = collections.Counter()
-    outputs: List[acl_swiglu.DeviceArray] = []
-    progress = [0] * workers
-    sentinels: List[Tuple[acl_swiglu.DeviceArray, np.ndarray]] = []
-    cycles = [0]
-    rounds = ROUNDS
-    threads = [threading.Thread(target=_lean_worker, args=(generation, streams[i % len(streams)], want, calls, outputs,
-                                                           problems, counts, progress, i, cycles, rounds))
-               for i in range(workers)]
-    closer = threading.Thread(target=_closer, args=(generation, streams, outputs, progress, cycles, sentinels,
-                                                    closes))
-    try:
-        for thread in threads:
-            thread.start()
-        closer.start()
-        for thread in threads + [closer]:
-            thread.join(120)
-        assert not any(t.is_alive() for t in threads + [closer])
-        assert not problems, (problems[:5], counts)
-        assert counts["ok"] >= workers * calls and cycles[0] >= rounds
-        if closes:
-            assert generation.replaced > 0 and counts["closed"] > 0, counts   # the race was on
-        assert general.count < counts["ok"], general.count   # most calls were lean ones
-        for array, pattern in sentinels:
-            assert _same(array.to_numpy(), pattern)
-    finally:
-        for array in outputs + [a for a, _ in sentinels]:
-            array.close()
-        generation.close()
-        for stream in streams:
-            stream.close()
+    real_general = _aclnn._general_device_call
+    general = [0]
+
+    def counting(*args):
+        general[0] += 1
+        return real_general(*args)
+
+    with hostile_scheduler():
+        generation = Generation(gy, x)
+        streams = [acl_swiglu.Stream() for _ in range(1 if shared_stream else workers)]
+        with acl_swiglu.DeviceArray.empty(x.shape, np.float32) as warm:
+            for stream in streams:
+                _warm(*generation.current, warm, stream)
+        problems: List[str] = []
+        counts: collections.Counter = collections.Counter()
+        outputs: List[acl_swiglu.DeviceArray] = []
+        progress = [0] * workers
+        sentinels: List[Tuple[acl_swiglu.DeviceArray, np.ndarray]] = []
+        cycles = [0]
+        threads = [threading.Thread(target=_lean_worker, args=(generation, streams[i % len(streams)], want, calls,
+                                                               outputs, problems, counts, progress, i, cycles, ROUNDS))
+                   for i in range(workers)]
+        closer = threading.Thread(target=_closer, args=(generation, streams, outputs, progress, cycles, sentinels,
+                                                        closes))
+        _aclnn._general_device_call = counting
+        try:
+            for thread in threads:
+                thread.start()
+            closer.start()
+            for thread in threads + [closer]:
+                thread.join(120)
+            if any(t.is_alive() for t in threads + [closer]):
+                problems.append("a thread did not finish")
+            if not all(_same(array.to_numpy(), pattern) for array, pattern in sentinels):
+                problems.append("a sentinel was overwritten")
+        finally:
+            _aclnn._general_device_call = real_general
+            for array in outputs + [a for a, _ in sentinels]:
+                array.close()
+            generation.close()
+            for stream in streams:
+                stream.close()
+    return {"problems": problems[:5], "counts": dict(counts), "cycles": cycles[0], "replaced": generation.replaced,
+            "general": general[0], "calls": workers * calls}
+
+
+def _judge_race(result: Dict[str, Any], closes: bool) -> None:
+    counts = result["counts"]
+    assert not result["problems"], result
+    assert counts.get("ok", 0) >= result["calls"] and result["cycles"] >= ROUNDS, result
+    if closes:
+        assert result["replaced"] > 0 and counts.get("closed", 0) > 0, result   # the race was on
+    assert result["general"] < counts["ok"], result   # most calls were lean ones
+
+
+@pytest.mark.parametrize("shared_stream", [True, False], ids=["one-stream", "own-streams"])
+def test_lean_calls_from_threads_racing_workspace_pools(shared_stream):
+    """Each call gives the model's bits while other threads empty and grow the stream's pool
+    (a pool buffer closed under a call is counted: test_workspace_released_while_a_call_holds_it)."""
+    _judge_race(lean_race(shared_stream, closes=False), closes=False)
+
+
+_LEAN_RACE_CHILD = r"""
+import json, sys
+import test_fastpath_attack
+print(json.dumps(test_fastpath_attack.lean_race(sys.argv[1] == "one-stream", True)))
+"""
+
+
+@pytest.mark.xfail(strict=False, reason=KNOWN_BUGS["lean_calls_from_threads_racing_closes"])
+@pytest.mark.parametrize("shared_stream", ["one-stream", "own-streams"])
+def test_lean_calls_from_threads_racing_closes(shared_stream, tmp_path):
+    """As above, and the inputs are replaced (closed) and outputs closed meanwhile: each call
+    gives the model's bits or raises HandleClosedError naming something that was closed; never
+    a kernel on freed memory (507015 at the read), never wrong bits; sentinels allocated after a
+    close stay as written; nothing leaks. (A child process: the race has crashed the process.)"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACL_EMU_FAULT")}
+    env["PYTHONPATH"] = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.run([sys.executable, "-c", _LEAN_RACE_CHILD, shared_stream], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _judge_race(json.loads(proc.stdout.strip().splitlines()[-1]), closes=True)
 
 
 @pytest.mark.xfail(strict=True, reason=KNOWN_BUGS["read_racing_a_close_of_its_array"])
