@@ -118,9 +118,11 @@ class Handover:
 # The defects the forced tests below show, by test (each test is marked xfail with its text).
 KNOWN_BUGS = {
     "lean_calls_from_threads_racing_closes": (
-        "closes racing lean calls crashed the process (SIGSEGV in aclrtSynchronizeStream, called from the quiet "
-        "wait of a free) in about 1 run in 12 here, and hit the close/pin race (a destroyed aclTensor given to "
-        "phase 1, counted by the loop); not strict: the crash does not come every run"),
+        "closes racing lean calls crash the process in about 1 run in 12 (SIGSEGV in the kernel, last_stride, "
+        "run by aclrtSynchronizeStream): with the close/pin race the aclDestroyTensor runs in C while phase 1 "
+        "reads the same aclTensor, so the executor holds grad_y's view copied from freed memory (dtype and ndim "
+        "are the allocator's free-list pointers); other runs count the race's 161002 'already destroyed'. Not "
+        "strict: the crash does not come every run"),
     "close_between_pin_check_and_tensor_destroy": (
         "DeviceArray.close destroys the array's tensor handle when close_with finds "
         "its memory unpinned, without bumping close_epoch first: a lean call that pinned the memory "
