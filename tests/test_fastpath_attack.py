@@ -960,11 +960,13 @@ def test_every_call_of_a_lean_device_call_failed_in_turn(monkeypatch):
         assert general.count == 0   # every call was a lean one
 
 
-def test_every_call_of_a_one_shot_helper_call_failed_in_turn():
+@pytest.mark.parametrize("abi", [1, 2], indirect=True)
+def test_every_call_of_a_one_shot_helper_call_failed_in_turn(abi):
+    """Revision 1 also makes (and frees) an aclIntArray of the group counts around phase 1."""
     assert _scratch.arena_helper(_ffi.api(), PHASE2) is not None, "the one-shot calls must take the C helper"
     gy, x = _case(rows=5, hidden=16, seed=21)
     rng = np.random.default_rng(21)
-    weight = (rng.random(5) + 0.5).astype(np.float32)
+    weight = (rng.random((5, 1)) + 0.5).astype(np.float32)
     y_origin = rng.standard_normal((5, 16)).astype(np.float32)
     groups = np.array([3, 1], np.int64)
     want = device_model.swiglu_group_quant_grad_model(gy, x, weight, y_origin, groups, 1.5)
@@ -977,7 +979,9 @@ def test_every_call_of_a_one_shot_helper_call_failed_in_turn():
     operation()   # the layout and its workspace size
     fired = _enumerate_faults(operation, want[0], [api for api in DECLARED if api not in NOT_PER_CALL | RELEASES])
     assert {"aclrtMalloc", "aclrtMemcpy", "aclCreateTensor", PHASE1, PHASE2, "aclrtSynchronizeStream"} <= set(fired)
-    assert fired["aclrtMemcpy"] == 5 + 2 and fired["aclCreateTensor"] == 5 + 2, fired   # 5 inputs in, 2 outputs out
+    arrays = 4 + 2 if abi == 1 else 5 + 2   # the inputs in (revision 1's group counts are host values), 2 outputs out
+    assert fired["aclrtMemcpy"] == arrays and fired["aclCreateTensor"] == arrays, fired
+    assert ("aclCreateIntArray" in fired) == (abi == 1), fired
 
 
 _HELPER_RELEASE_FAULTS = r"""
