@@ -27,7 +27,7 @@ from . import _ffi
 from ._device import DeviceArray, DeviceBuffer, Stream, default_stream
 from ._scratch import STEP_LAUNCH, ArenaCall, ArenaHelper, ArenaLayout, CallScratch, arena_helper, arena_layout, host_address
 from .errors import ArgumentError, HandleClosedError, HostMemoryError
-from .runtime import (Life, Owned, at_fork_in_child, close_epoch, free_collected, in_forked_child, pin, runtime_api, unpin,
+from .runtime import (Life, Owned, at_fork_in_child, close_epoch, free_collected, in_forked_child, pin, pin_open, runtime_api, unpin,
                       used_on)
 from .tensor import AclIntArray, tensor_for
 
@@ -714,16 +714,13 @@ def one_shot(operator: Operator, values: Sequence[Any]) -> Dict[str, np.ndarray]
 def _pinned_thread_stream() -> Tuple[Stream, Tuple[Life]]:
     """The thread's one-shot stream, pinned: a release_cached() from another thread then
     destroys it only after this call."""
-    stream = thread_stream()
-    own = (stream._life,)
-    pin(own)
-    if stream._handle is None:   # closed just before the pin: the next one is this thread's own
-        unpin(own)
+    for _ in range(16):
         stream = thread_stream()
-        own = (stream._life,)
-        pin(own)
-        stream.check_open("this thread's one-shot stream")
-    return stream, own
+        if pin_open(stream._life):
+            return stream, (stream._life,)
+        # (closed by another thread since: thread_stream() makes this thread a new one)
+    raise HandleClosedError("this thread's one-shot stream was closed by another thread at every attempt; "
+                            "call release_cached() when no call is in flight")
 
 
 def _one_shot_native(operator: Operator, revision: Revision, layout: _OneShotLayout, values: Sequence[Any],

@@ -23,7 +23,7 @@ from ._checks import ADDRESS_MAX, INT64_MAX, whole_number
 from ._dtypes import allowed_dtype_text, dtype_name, is_device_dtype
 from .errors import ArgumentError, HandleClosedError
 from .runtime import (Life, Owned, Release, at_fork_in_child, close_with, free_collected, in_forked_child, pin,
-                      runtime_api, unpin)
+                      pin_open, runtime_api, unpin)
 
 if TYPE_CHECKING:   # (for annotations only: both import this module)
     import numpy.typing as npt
@@ -346,16 +346,16 @@ class DeviceBuffer(Owned):
     @contextlib.contextmanager
     def _pinned(self) -> Iterator[int]:
         """The memory's address, pinned for the block: a close() from another thread meanwhile
-        frees it only after the block (and the block does not start on closed memory)."""
+        frees it only after the block, and makes the block fail as one that comes after it."""
         lives = (self._life,)
-        pin(lives)
+        if not pin_open(self._life):
+            raise HandleClosedError(f"this {self._kind} was closed; it cannot be used any more")
         try:
-            handle = self._handle
-            if handle is None:
-                raise HandleClosedError(f"this {self._kind} was closed; it cannot be used any more")
-            yield handle.value
+            yield self._handle.value
         finally:
             unpin(lives)
+        if self._handle is None:
+            raise HandleClosedError(f"this {self._kind} was closed during the copy")
 
     def __repr__(self) -> str:
         if self._handle is None:

@@ -23,7 +23,7 @@ import stat
 import threading
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from . import _releases
 from .errors import ConfigurationError, LibraryNotFoundError

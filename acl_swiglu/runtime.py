@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, TypeVar
 
 from . import _ffi
 from ._checks import INT32_MAX, whole_number
-from .errors import AclError, ArgumentError, ConfigurationError, HandleClosedError
+from .errors import AclError, ConfigurationError, HandleClosedError
 
 ACL_ERROR_REPEAT_INITIALIZE = 100002
 ENV_DEVICE_ID = "ACL_SWIGLU_DEVICE_ID"
@@ -329,6 +329,15 @@ def pin(lives: Iterable[Life]) -> None:
     with _state_lock:
         for life in lives:
             life.pins += 1
+
+
+def pin_open(life: Life) -> bool:
+    """Pins `life` unless it is closed already (then False): a close() after it defers the free."""
+    with _state_lock:
+        if life.closed:
+            return False
+        life.pins += 1
+        return True
 
 
 def unpin(lives: Iterable[Life], stream_life: Optional[Life] = None) -> None:

@@ -115,43 +115,10 @@ class Handover:
 
 # ----------------------------------------------------------------------------- forced interleavings
 
-# The defects the forced tests below show, by test (each test is marked xfail with its text).
-KNOWN_BUGS = {
-    "lean_calls_from_threads_racing_closes": (
-        "closes racing lean calls crash the process in about 1 run in 12 (SIGSEGV in the kernel, last_stride, "
-        "run by aclrtSynchronizeStream): with the close/pin race the aclDestroyTensor runs in C while phase 1 "
-        "reads the same aclTensor, so the executor holds grad_y's view copied from freed memory (dtype and ndim "
-        "are the allocator's free-list pointers); other runs count the race's 161002 'already destroyed'. Not "
-        "strict: the crash does not come every run"),
-    "close_between_pin_check_and_tensor_destroy": (
-        "DeviceArray.close destroys the array's tensor handle when close_with finds "
-        "its memory unpinned, without bumping close_epoch first: a lean call that pinned the memory "
-        "just after that check passes its epoch check and hands the destroyed aclTensor to phase 1"),
-    "stream_closed_during_a_lean_call": (
-        "calls do not pin their stream: Stream.close destroys the aclrtStream while a "
-        "lean call that already holds the pooled workspace is about to launch on it; the launch then goes "
-        "to a destroyed handle (161002) or, when a new stream got the same address, to that stream, whose "
-        "work the call's memory does not wait for (507015 after an input is closed)"),
-    "read_racing_a_close_of_its_array": (
-        "DeviceArray.to_numpy does not pin the memory it copies from: a close() from "
-        "another thread between its open check and the copy frees the memory under aclrtMemcpy"),
-    "workspace_released_while_a_call_holds_it": (
-        "Stream.run_with_workspace reads the pooled buffer's address through "
-        "DeviceBuffer.ptr after pinning it: a release_workspace() (or a pool growth) from another thread "
-        "in between closes the wrapper, and the call raises HandleClosedError although nothing it was "
-        "given was closed"),
-    "first_use_from_two_threads_while_a_lean_call_reads_the_binding": (
-        "tensor.tensor_for is not atomic: two threads making the first call with an "
-        "array both make an aclTensor, the second replaces the first in _tensor/_bound, and the first is "
-        "destroyed (garbage-collected) when its call ends, while a lean call that read _bound in between "
-        "still hands its address to phase 1 (the lean path checks the buffer's life, not the tensor's); "
-        "once the address is reused by a new tensor, phase 1 gets another array's tensor"),
-}
 
 
 
 
-@pytest.mark.xfail(strict=True, reason=KNOWN_BUGS["close_between_pin_check_and_tensor_destroy"])
 def test_close_between_pin_check_and_tensor_destroy(monkeypatch):
     """Thread B closes grad_y while thread A is in a lean call: B's close_with finds the memory
     unpinned, then A pins it and checks the epoch (unchanged: nothing bumped it yet), then B's
@@ -202,16 +169,16 @@ def test_close_between_pin_check_and_tensor_destroy(monkeypatch):
             _lean(d_gy, d_x, out, stream)
         except BaseException as exc:   # judged below, after B is done
             outcome.append(exc)
+        finally:
+            steps.signal("a in phase 1")   # (A failed before phase 1: B goes on)
         b.join(WAIT)
         stream.synchronize()
         assert not steps.timed_out, steps.timed_out
         assert outcome and isinstance(outcome[0], errors.HandleClosedError), outcome
 
 
-@pytest.mark.xfail(strict=True, reason=KNOWN_BUGS["stream_closed_during_a_lean_call"])
 def test_stream_closed_during_a_lean_call(monkeypatch):
     gy, x = _case()
-    want = _want(gy, x)
     d_gy, d_x = acl_swiglu.to_device(gy), acl_swiglu.to_device(x)
     out = acl_swiglu.DeviceArray.empty(x.shape, x.dtype)
     stream = acl_swiglu.Stream()
@@ -304,9 +271,8 @@ def busy_scheduler():
 class Generation:
     """The shared inputs of the lean-call workers; the closer replaces them with a fresh copy
     (closing the old one) while workers are calling with them. A fresh copy makes one call
-    before it is shared, so that its tensors exist: two threads making the first call with one
-    array race (test_first_use_from_two_threads_while_a_lean_call_reads_the_binding), and that
-    race, once lost, hands phase 1 whatever tensor reuses the freed one's address."""
+    before it is shared, so that its tensors exist (two threads making the first call with one
+    array have their own test: test_first_use_from_two_threads_makes_one_tensor)."""
 
     def __init__(self, gy: np.ndarray, x: np.ndarray) -> None:
         self.host = (gy, x)
@@ -338,10 +304,6 @@ class Generation:
 ROUNDS = 60   # rounds of the closer every worker overlaps with
 
 
-def _tensor_destroyed_under_the_call(exc: errors.AclError) -> bool:
-    return exc.code == 161002 and exc.api == PHASE1 and "an aclTensor that was already destroyed" in exc.message
-
-
 def _lean_worker(generation: Generation, stream: acl_swiglu.Stream, want: np.ndarray, calls: int,
                  outputs: List[acl_swiglu.DeviceArray], problems: List[str], counts: collections.Counter,
                  progress: List[int], index: int, cycles: List[int], rounds: int) -> None:
@@ -357,11 +319,6 @@ def _lean_worker(generation: Generation, stream: acl_swiglu.Stream, want: np.nda
             _lean(d_gy, d_x, out, stream)
         except errors.HandleClosedError as exc:
             if not (d_gy.closed or d_x.closed or out.closed or stream.closed):
-                if str(exc).startswith("this DeviceBuffer was closed"):
-                    # the pool's buffer, closed under the call (forced in
-                    # test_workspace_released_while_a_call_holds_it)
-                    counts["pool buffer closed under the call"] += 1
-                    continue
                 problems.append(f"HandleClosedError with nothing closed: {exc}")
             counts["closed"] += 1
             if out.closed:
@@ -371,15 +328,6 @@ def _lean_worker(generation: Generation, stream: acl_swiglu.Stream, want: np.nda
                 break
             continue
         except errors.AclError as exc:
-            if _tensor_destroyed_under_the_call(exc) and (d_gy.closed or d_x.closed or out.closed):
-                # The known race of a close with the call's pin (forced, and marked xfail, in
-                # test_close_between_pin_check_and_tensor_destroy): counted, so that everything
-                # else this loop checks stays checked. Once fixed, drop this branch.
-                counts["tensor destroyed under the call"] += 1
-                if out.closed:
-                    out = acl_swiglu.DeviceArray.empty(x_shape, np.float32)
-                    outputs.append(out)
-                continue
             problems.append(f"{type(exc).__name__}: {exc}")
         except Exception as exc:   # a wrong outcome: recorded
             problems.append(f"{type(exc).__name__}: {exc}")
@@ -392,10 +340,7 @@ def _lean_worker(generation: Generation, stream: acl_swiglu.Stream, want: np.nda
             except errors.HandleClosedError:
                 counts["read after close"] += 1
             except (errors.AclError, AssertionError) as exc:
-                if out.closed:   # a read racing a close of its array (a separate, forced test)
-                    counts["read raced the close"] += 1
-                else:
-                    problems.append(f"{type(exc).__name__}: {exc}")
+                problems.append(f"{type(exc).__name__}: {exc}")
         done += 1
     progress[index] = -1   # finished
 
@@ -421,7 +366,7 @@ def _closer(generation: Generation, streams: List[acl_swiglu.Stream], outputs: L
                 stream.release_workspace()
         else:
             for stream in streams:   # a bigger pool: the old buffer is closed while calls may hold it
-                buffer = stream._take_workspace(16384 * (1 + step % 3))
+                buffer, _ = stream._take_workspace(16384 * (1 + step % 3))
                 runtime.unpin((buffer._life,), stream._life)
             cycles[0] += 1
         if closes and action in (0, 1) and len(sentinels) < 64:
@@ -459,8 +404,13 @@ def lean_race(shared_stream: bool, closes: bool) -> Dict[str, Any]:
         threads = [threading.Thread(target=_lean_worker, args=(generation, streams[i % len(streams)], want, calls,
                                                                outputs, problems, counts, progress, i, cycles, ROUNDS))
                    for i in range(workers)]
-        closer = threading.Thread(target=_closer, args=(generation, streams, outputs, progress, cycles, sentinels,
-                                                        closes))
+        def guarded_closer():   # (its failure ends the workers too, instead of leaving them waiting for it)
+            try:
+                _closer(generation, streams, outputs, progress, cycles, sentinels, closes)
+            except BaseException as exc:
+                problems.append(f"the closer failed: {exc!r}")
+
+        closer = threading.Thread(target=guarded_closer)
         _aclnn._general_device_call = counting
         try:
             for thread in threads:
@@ -506,7 +456,6 @@ print(json.dumps(test_fastpath_attack.lean_race(sys.argv[1] == "one-stream", Tru
 """
 
 
-@pytest.mark.xfail(strict=False, reason=KNOWN_BUGS["lean_calls_from_threads_racing_closes"])
 @pytest.mark.parametrize("shared_stream", ["one-stream", "own-streams"])
 def test_lean_calls_from_threads_racing_closes(shared_stream, tmp_path):
     """As above, and the inputs are replaced (closed) and outputs closed meanwhile: each call
@@ -521,7 +470,6 @@ def test_lean_calls_from_threads_racing_closes(shared_stream, tmp_path):
     _judge_race(json.loads(proc.stdout.strip().splitlines()[-1]), closes=True)
 
 
-@pytest.mark.xfail(strict=True, reason=KNOWN_BUGS["read_racing_a_close_of_its_array"])
 def test_read_racing_a_close_of_its_array(monkeypatch):
     gy, x = _case()
     with acl_swiglu.to_device(gy) as d_gy, acl_swiglu.to_device(x) as d_x, acl_swiglu.Stream() as stream:
@@ -540,7 +488,6 @@ def test_read_racing_a_close_of_its_array(monkeypatch):
             out.to_numpy()
 
 
-@pytest.mark.xfail(strict=True, reason=KNOWN_BUGS["workspace_released_while_a_call_holds_it"])
 def test_workspace_released_while_a_call_holds_it(monkeypatch):
     gy, x = _case()
     want = _want(gy, x)
@@ -561,65 +508,50 @@ def test_workspace_released_while_a_call_holds_it(monkeypatch):
         assert _same(out.to_numpy(), want)
 
 
-@pytest.mark.xfail(strict=True, reason=KNOWN_BUGS["first_use_from_two_threads_while_a_lean_call_reads_the_binding"])
-def test_first_use_from_two_threads_while_a_lean_call_reads_the_binding(monkeypatch):
-    """Threads 1 and 2 make the first device call with a fresh grad_y at the same time; thread
-    1's tensor is bound first, a lean call (this thread) reads that binding, then thread 2 binds
-    its own tensor and thread 1's call ends. Nothing was closed: the lean call must succeed with
-    grad_y's bits."""
+def test_first_use_from_two_threads_makes_one_tensor(monkeypatch):
+    """Two threads make the first device call with a fresh grad_y at once (its tensor's making
+    held open a while): the array gets one tensor, both calls and a lean call after them give
+    grad_y's bits. (Two tensors would let one be destroyed while a lean call holds its binding.)"""
     from acl_swiglu import tensor as tensor_module
     gy, x = _case()
     want = _want(gy, x)
-    steps = Handover()
-    both_made = threading.Barrier(2, timeout=WAIT)
-    second: List[threading.Thread] = []
+    made: List[int] = []
+    start = threading.Barrier(2, timeout=WAIT)
 
-    class RacingTensor(tensor_module.AclTensor):
+    class SlowTensor(tensor_module.AclTensor):
         def __init__(self, array, address=None):
-            super().__init__(array, address)
             if array is d_gy:
-                both_made.wait()   # both threads found no tensor and made one
-                if threading.current_thread() in second:
-                    steps.wait("lean call read the binding")
+                made.append(1)
+                time.sleep(0.05)   # (widens the window; the count does not depend on it)
+            super().__init__(array, address)
 
     with acl_swiglu.to_device(x) as d_x, acl_swiglu.to_device(gy) as d_gy, acl_swiglu.Stream() as stream, \
             acl_swiglu.DeviceArray.empty(x.shape, x.dtype) as out, \
             acl_swiglu.DeviceArray.empty(x.shape, x.dtype) as out1, \
             acl_swiglu.DeviceArray.empty(x.shape, x.dtype) as out2, acl_swiglu.to_device(gy) as warm_gy:
-        _warm(warm_gy, d_x, out, stream)   # the layout is known; d_x and out have their tensors
-        monkeypatch.setattr(tensor_module, "AclTensor", RacingTensor)
+        _warm(warm_gy, d_x, out, stream)   # the layout is known; d_x and the outputs' tensors exist
+        _warm(warm_gy, d_x, out1, stream)
+        _warm(warm_gy, d_x, out2, stream)
+        monkeypatch.setattr(tensor_module, "AclTensor", SlowTensor)
         failures: List[BaseException] = []
 
         def first_call(output):
             try:
+                start.wait()
                 _lean(d_gy, d_x, output, stream)
             except BaseException as exc:   # reported below
                 failures.append(exc)
 
-        t1 = threading.Thread(target=first_call, args=(out1,))
-        t2 = threading.Thread(target=first_call, args=(out2,))
-        second.append(t2)
-        t1.start()
-        t2.start()
-        t1.join(WAIT)   # thread 1's tensor is bound (thread 2 waits to bind its own)
-        real_pin = _aclnn.pin
-
-        def pin_after_the_rebinding(lives):
-            monkeypatch.setattr(_aclnn, "pin", real_pin)
-            steps.signal("lean call read the binding")
-            t2.join(WAIT)
-            real_pin(lives)
-
-        monkeypatch.setattr(_aclnn, "pin", pin_after_the_rebinding)
-        try:
-            _lean(d_gy, d_x, out, stream)
-            got = out.to_numpy()
-        finally:
-            monkeypatch.setattr(_aclnn, "pin", real_pin)
-            t2.join(WAIT)
-            stream.synchronize()
-        assert not steps.timed_out and not failures, (steps.timed_out, failures)
-        assert _same(got, want)
+        threads = [threading.Thread(target=first_call, args=(o,)) for o in (out1, out2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(WAIT)
+        _lean(d_gy, d_x, out, stream)
+        assert not failures, failures
+        assert len(made) == 1, made
+        for output in (out, out1, out2):
+            assert _same(output.to_numpy(), want)
 
 
 def test_one_shot_calls_from_threads_racing_release_cached(busy_scheduler):
