@@ -17,6 +17,7 @@ import re
 import threading
 import weakref
 from contextlib import ExitStack
+from operator import itemgetter
 from types import SimpleNamespace
 from typing import (TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, NamedTuple, Optional,
                     Sequence, Tuple)
@@ -376,14 +377,14 @@ def device_call(operator: Operator, values: Sequence[Any], stream: Optional[Stre
     if last is not None and last.epoch == epoch and last.abi == revision.abi and last.stream is stream._life:
         # The same arguments as the last lean call, and nothing closed since: still open, same
         # tensors, same layouts. Only a write on another stream can have happened meanwhile.
-        for index, (array, bound) in enumerate(zip(values, last.bounds)):
+        for array, bound in zip(values, last.bounds):
             if array is not bound and (type(array) is not DeviceArray or array._bound is not bound):
                 break
-            if index < inputs and array is not None:
+        else:
+            for array in last.inputs(values):
                 pending = array.pending
                 if pending is not None and pending is not stream:
                     array.wait_for_writer()   # written on another stream
-        else:
             return _launch_bound(operator, values, stream, epoch, last.recipe, last.arguments, list(last.lives))
     bounds: List[Any] = []
     lives: List[Life] = []
@@ -414,8 +415,20 @@ def device_call(operator: Operator, values: Sequence[Any], stream: Optional[Stre
     slots = operator.slot_count
     handles = [None if b is None else b[0] for b in bounds[:slots]]
     arguments = (*handles[:inputs], *recipe.scalars, *handles[inputs:])
-    operator.last_call = _LastCall(epoch, revision.abi, stream._life, tuple(bounds), arguments, tuple(lives), recipe)
+    given_inputs = _picker([index for index in range(inputs) if values[index] is not None])
+    operator.last_call = _LastCall(epoch, revision.abi, stream._life, tuple(bounds), arguments, tuple(lives), recipe,
+                                   given_inputs)
     return _launch_bound(operator, values, stream, epoch, recipe, arguments, lives)
+
+
+def _picker(indexes: Sequence[int]) -> Callable[[Sequence[Any]], Tuple[Any, ...]]:
+    """values -> the tuple of values[i] for i in indexes (itemgetter, always a tuple)."""
+    if len(indexes) > 1:
+        return itemgetter(*indexes)
+    if indexes:
+        index = indexes[0]
+        return lambda values: (values[index],)
+    return lambda values: ()
 
 
 class _LastCall(NamedTuple):
@@ -430,6 +443,7 @@ class _LastCall(NamedTuple):
     arguments: Tuple[Any, ...]  # phase 1's arguments before &workspaceSize and &executor
     lives: Tuple[Life, ...]     # what the call pins
     recipe: "_DeviceRecipe"
+    inputs: Callable[[Sequence[Any]], Tuple[Any, ...]]   # the input arrays given, from the arguments
 
 
 def _launch_bound(operator: Operator, values: Sequence[Any], stream: Stream, epoch: int, recipe: "_DeviceRecipe",

@@ -93,35 +93,35 @@ class _StreamLife(Life):
     """A stream's life: waiting for its queued work still works after a borrowed wrapper was
     closed (the stream itself lives on); a destroyed stream has completed its work."""
 
-    __slots__ = ("address", "destroyed")
+    __slots__ = ("address", "destroyed", "guard")
 
     def __init__(self, release: Optional[Release], address: ctypes.c_void_p) -> None:
         super().__init__(release)
         self.address = address
         self.destroyed = False
+        # Held by each wait and by the destroy: a close() from another thread destroys the stream
+        # after a wait in progress, and a wait after the destroy has nothing to wait for.
+        self.guard = threading.RLock()
 
     def wait(self) -> None:
         if self.destroyed:
             return
-        own = (self,)
-        pin(own)   # a close() from another thread now destroys the stream after this wait
-        try:
+        api = runtime_api()   # (first: in a forked child it refuses, before any lock is taken)
+        with self.guard:
             if self.destroyed:
                 return
-            api = runtime_api()
             status = api.hot.aclrtSynchronizeStream(self.address)
             if status:
                 _ffi.raise_status(status, "aclrtSynchronizeStream", api.get_message)
-        finally:
-            unpin(own)
 
 
 _streams: "weakref.WeakSet[Stream]" = weakref.WeakSet()
 
 
 def _reset_stream_locks() -> None:
-    for stream in list(_streams):
+    for stream in list(_streams):   # another thread may have held them at the fork
         stream._workspace_lock = threading.Lock()
+        stream._life.guard = threading.RLock()
 
 
 at_fork_in_child(_reset_stream_locks)
@@ -147,8 +147,10 @@ class Stream(Owned):
 
         def release(handle: Any = handle) -> int:
             runtime_api()
-            life_box[0].destroyed = True   # destroying waits for the queued work
-            status: int = raw_destroy(handle)
+            life = life_box[0]
+            with life.guard:
+                life.destroyed = True   # destroying waits for the queued work
+                status: int = raw_destroy(handle)
             return status
 
         self._own(handle, release)

@@ -23,7 +23,7 @@ import stat
 import threading
 import warnings
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple, cast
 
 from . import _releases
 from .errors import ConfigurationError, LibraryNotFoundError
@@ -123,9 +123,23 @@ def _absolute(variable: str, value: str) -> str:
 # ---- the ABI revision ----
 
 _override_warned: Set[int] = set()
-# The last ACL_SWIGLU_ABI text seen and its revision: calls read the variable every time (it may
-# change between calls), and parse it only when it changed.
-_abi_setting: Tuple[Optional[str], Optional[int]] = (None, None)
+# The last ACL_SWIGLU_ABI value seen (bytes) and its revision: calls read the variable every time
+# (it may change between calls), and parse it only when it changed.
+_abi_setting: Tuple[Optional[bytes], Optional[int]] = (None, None)
+_ENV_ABI_BYTES = ENV_ABI.encode()
+
+
+def _process_getenv() -> Callable[[bytes], Optional[bytes]]:
+    """The C library's getenv: the process environment as the emulator reads it, which
+    os.environ writes through to. Once per call it is much cheaper than os.environ.get, which
+    raises and catches two KeyErrors when the variable is unset."""
+    function = ctypes.CDLL(None).getenv
+    function.restype = ctypes.c_char_p
+    function.argtypes = (ctypes.c_char_p,)
+    return cast(Callable[[bytes], Optional[bytes]], function)
+
+
+_getenv = _process_getenv()
 
 
 def abi_revision() -> int:
@@ -136,10 +150,11 @@ def abi_revision() -> int:
     2. Without ACL_SWIGLU_ABI this loads the libraries, since the answer depends on them.
     """
     global _abi_setting
-    raw = os.environ.get(ENV_ABI)
+    raw = _getenv(_ENV_ABI_BYTES)
     seen, value = _abi_setting
     if raw != seen:
-        value = parse_revision(ENV_ABI, raw)   # raises for a bad value, every call, caching nothing
+        # (parsed as os.environ would give it; raises for a bad value, every call, caching nothing)
+        value = parse_revision(ENV_ABI, None if raw is None else os.fsdecode(raw))
         _abi_setting = (raw, value)
     libs = _loaded
     if value is None:
