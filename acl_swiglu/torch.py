@@ -59,7 +59,7 @@ def _clamp_argument(clamp_limit: float) -> Optional[float]:
         return None
     if not value > 0:   # NaN included
         raise ArgumentError(f"clamp_limit must be -1.0 (off) or > 0, got {value!r}")
-    if math.isinf(value):
+    if value == math.inf:   # (a comparison: traceable on a symbolic float)
         raise ArgumentError(f"clamp_limit must be -1.0 (off) or a finite number > 0, got {value!r}")
     return check_clamp_limit(value)   # within fp32's range, and not rounding to 0 in fp32
 
