@@ -126,6 +126,7 @@ _override_warned: Set[int] = set()
 # The last ACL_SWIGLU_ABI value seen (bytes) and its revision: calls read the variable every time
 # (it may change between calls), and parse it only when it changed.
 _abi_setting: Tuple[Optional[bytes], Optional[int]] = (None, None)
+_abi_text_setting: Tuple[Optional[str], Optional[int]] = (None, None)   # the same, as os.environ gives it
 _ENV_ABI_BYTES = ENV_ABI.encode()
 
 
@@ -149,6 +150,17 @@ def abi_revision() -> int:
     revision the install declares (its operator header; ACL_EMU_ABI for the bundled emulator), else
     2. Without ACL_SWIGLU_ABI this loads the libraries, since the answer depends on them.
     """
+    global _abi_text_setting
+    raw = os.environ.get(ENV_ABI)   # (the form torch.compile can trace, for acl_swiglu.torch)
+    seen, value = _abi_text_setting
+    if raw != seen:
+        value = parse_revision(ENV_ABI, raw)   # raises for a bad value, every call, caching nothing
+        _abi_text_setting = (raw, value)
+    return _revision_with(value)
+
+
+def call_revision() -> int:
+    """abi_revision() for the call paths: the same variable, read with the C library's getenv."""
     global _abi_setting
     raw = _getenv(_ENV_ABI_BYTES)
     seen, value = _abi_setting
@@ -156,13 +168,18 @@ def abi_revision() -> int:
         # (parsed as os.environ would give it; raises for a bad value, every call, caching nothing)
         value = parse_revision(ENV_ABI, None if raw is None else os.fsdecode(raw))
         _abi_setting = (raw, value)
+    return _revision_with(value)
+
+
+def _revision_with(value: Optional[int]) -> int:
+    """The revision in use, given ACL_SWIGLU_ABI's (None: unset)."""
     libs = _loaded
     if value is None:
         return _install_revision if libs is not None else libraries().info.abi_declared or DEFAULT_ABI
     if libs is not None and value != _install_revision and value not in _override_warned \
             and libs.info.abi_declared is not None:
         _override_warned.add(value)
-        _warn_override(libs.info, value, stacklevel=3)
+        _warn_override(libs.info, value, stacklevel=4)
     return value
 
 

@@ -70,7 +70,7 @@ SWIGLU_GROUP_QUANT_GRAD = _aclnn.register(OperatorDescription(
     # groupIndexOptional is an aclTensor * (revision 2) or an aclIntArray * (revision 1): one
     # pointer either way, which the revision's marshaller fills.
     phase1_argtypes=(_T, _T, _T, _T, c_void_p, c_double, _T, _T, POINTER(c_uint64), POINTER(_ffi.aclOpExecutor_p)),
-    validate=_validate, host_values=_host_values, revisions=REVISIONS, revision=_loader.abi_revision,
+    validate=_validate, host_values=_host_values, revisions=REVISIONS, revision=_loader.call_revision,
 ))
 _OP = SWIGLU_GROUP_QUANT_GRAD
 
