@@ -302,8 +302,9 @@ def test_threads_that_ended_leave_nothing_live_after_release_cached():
         acl_swiglu.swiglu_group_quant_grad(*case, CLAMP)   # frees what the ended threads left
         cached = emulator.live_counts()
         # A thread's cached stream and its workspace go when the thread ends: only the main
-        # thread's stream stays, with the pooled workspace it took if its call was the first of
-        # this layout (later calls of a layout hold their workspace in their own arena).
+        # thread's stream stays, with a pooled workspace if its call took one (the first call of
+        # a layout does, and so does every call made without the C helper; the helper's later
+        # calls of a layout hold their workspace in their own arena).
         main_pool = _aclnn.thread_stream()._workspace
         assert cached["tensor"] == cached["int_array"] == cached["executor"] == 0, cached
         assert cached["stream"] == 1 and cached["allocation"] == (0 if main_pool is None else 1), (cached, main_pool)
