@@ -407,9 +407,8 @@ def device_call(operator: Operator, values: Sequence[Any], stream: Optional[Stre
         else:
             break
     else:
-        key = tuple([revision.abi] + [None if b is None else b[2] if type(b) is tuple else (type(b), b)
-                                      for b in bounds])   # (as _layout_key makes it)
-        recipe = operator.device_recipes.get(key)
+        key = _layout_key(revision, values)   # (never None here: every argument is of a cached kind)
+        recipe = None if key is None else operator.device_recipes.get(key)
     if recipe is None or not recipe.complete:
         return _general_device_call(operator, revision, dict(zip(operator.argument_names, values)), stream)
     slots = operator.slot_count
@@ -457,7 +456,7 @@ def _launch_bound(operator: Operator, values: Sequence[Any], stream: Stream, epo
     pin(lives)   # a close() from another thread now waits for the end of this call
     try:
         if close_epoch[0] != epoch:
-            _check_call_open(operator, values, stream)
+            _check_call_open(dict(zip(operator.slot_names, values)), stream)
         api = runtime_api()
         size = ctypes.c_uint64()
         executor = ctypes.c_void_p()
@@ -484,12 +483,14 @@ def _launch_bound(operator: Operator, values: Sequence[Any], stream: Stream, epo
     finally:
         unpin(lives, stream._life)
     if close_epoch[0] != epoch:
-        _check_call_open(operator, values, stream)   # closed by another thread during the call: it must not succeed
+        # closed by another thread during the call: it must not succeed
+        _check_call_open(dict(zip(operator.slot_names, values)), stream)
     return results
 
 
-def _check_call_open(operator: Operator, values: Sequence[Any], stream: Stream) -> None:
-    check_open(dict(zip(operator.slot_names, values)))
+def _check_call_open(arrays: Mapping[str, Optional[DeviceArray]], stream: Stream) -> None:
+    """A call's arrays and stream must still be open (after a close somewhere since it began)."""
+    check_open(arrays)
     stream.check_open("stream")
 
 
@@ -532,8 +533,7 @@ def _general_device_call(operator: Operator, revision: Revision, arguments: Dict
         pin(pinned)
         held = pinned
         if close_epoch[0] != epoch:
-            check_open(arrays)
-            stream.check_open("stream")
+            _check_call_open(arrays, stream)
         api = runtime_api()
         executor, size = operator.phase1(api, revision, problem, handles)
         for host in host_arrays:
@@ -550,8 +550,7 @@ def _general_device_call(operator: Operator, revision: Revision, arguments: Dict
     mark_written(results, stream)
     unpin(pinned, stream._life)
     if close_epoch[0] != epoch:
-        check_open(arrays)   # closed by another thread during the call: it must not succeed
-        stream.check_open("stream")
+        _check_call_open(arrays, stream)   # closed by another thread during the call: it must not succeed
     return results
 
 
