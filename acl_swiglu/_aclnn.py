@@ -187,7 +187,7 @@ def note_write(array: DeviceArray, stream: Stream) -> None:
         plan = reader()
         if plan is not None and plan.stream is not stream:
             plan._foreign_writes = True
-            plan._checked_at = -1   # (after the flag: the plan's next call sees both)
+            plan._hot.checked_at = -1   # (after the flag: the plan's next call sees both)
 
 
 def start_reading(array: DeviceArray, plan: Plan) -> None:

@@ -15,7 +15,7 @@ import weakref
 from contextlib import ExitStack
 from threading import get_ident as _get_ident
 from types import TracebackType
-from typing import Any, Callable, Dict, List, Optional, Tuple, Type, TypeVar
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Type, TypeVar
 
 from . import _ffi
 from ._aclnn import Executor, Operator, check_open, note_write, start_reading, stop_reading, stream_argument
@@ -26,32 +26,66 @@ from .runtime import Life, at_fork_in_child, close_epoch, in_forked_child, pin, 
 from .tensor import AclIntArray, AclTensor
 
 
-class _HotLaunch(ctypes.Structure):
-    """One plan call for libaclswiglu_hotpath.so (its hot_launch struct): what to call and with what."""
+class _HotPlan(ctypes.Structure):
+    """A plan's state shared with libaclswiglu_hotpath.so (its hot_plan struct): what to launch,
+    and what a call with nothing to rebind checks there before it launches."""
 
     _fields_ = [("launch", ctypes.c_void_p), ("synchronize", ctypes.c_void_p), ("workspace", ctypes.c_void_p),
                 ("workspace_size", ctypes.c_uint64), ("executor", ctypes.c_void_p), ("stream", ctypes.c_void_p),
-                ("failed", ctypes.c_int32)]
+                ("close_epoch", ctypes.c_void_p), ("checked_at", ctypes.c_int64), ("thread", ctypes.c_uint64),
+                ("generation", ctypes.c_int32), ("owner", ctypes.c_uint64)]
 
 
-_hotpath_function: List[Optional[Tuple[Any, Any]]] = []   # ctypes functions
+# What a call's result says in its upper 32 bits (the lower 32: a failed call's status).
+_LAUNCH_FAILED, _SYNC_FAILED, _BUSY, _CHECK, _OVERLAP = 1, 2, 3, 4, 5
+_MUST_CHECK = _CHECK << 32
 
 
-def _hotpath() -> Optional[Tuple[Any, Any]]:
-    """(launch, launch + synchronize) from the package's small C helper, or None (then plans
-    make the two calls from Python)."""
+class _HotPath(NamedTuple):
+    """The C helper's plan functions (ctypes functions taking a pointer to a _HotPlan)."""
+
+    calls: Tuple[Any, Any]   # (launch, launch + synchronize)(plan, generation): one crossing
+    claim: Any
+    release: Any
+    launch_owned: Any        # (plan, synchronize): for the call that owns the plan
+
+
+_hotpath_function: List[Optional[_HotPath]] = []
+
+
+def _hotpath() -> Optional[_HotPath]:
+    """The plan functions of the package's small C helper, or None (then plans make their ACL
+    calls from Python, each call under the plan's lock)."""
     if not _hotpath_function:
-        functions: Optional[Tuple[Any, Any]] = None
+        functions: Optional[_HotPath] = None
         library = helper_library()
         if library is not None:
             try:
-                functions = (library.acl_swiglu_hot_launch, library.acl_swiglu_hot_launch_synchronize)
-                for function in functions:
-                    function.restype = ctypes.c_int32
+                calls = (library.acl_swiglu_hot_launch, library.acl_swiglu_hot_launch_synchronize)
+                for function in calls:
+                    # No prototype, as for every hot call: (a byref, an int that fits a C int)
+                    # cost half as much to pass without one.
+                    function.restype = ctypes.c_int64
+                claim, release = library.acl_swiglu_hot_claim, library.acl_swiglu_hot_release
+                for function in (claim, release):
+                    function.argtypes = (ctypes.c_void_p,)
+                    function.restype = None
+                launch_owned = library.acl_swiglu_hot_launch_owned
+                launch_owned.argtypes = (ctypes.c_void_p, ctypes.c_int32)
+                launch_owned.restype = ctypes.c_int64
+                functions = _HotPath(calls, claim, release, launch_owned)
             except AttributeError:
                 functions = None
         _hotpath_function.append(functions)
     return _hotpath_function[0]
+
+
+def _must_check(_plan: object, _generation: int) -> int:   # the one-crossing call, without the helper
+    return _MUST_CHECK
+
+
+def _nothing(_plan: object) -> None:   # claim and release, without the helper (the lock is enough)
+    return None
 
 
 _plans: "weakref.WeakSet[Plan]" = weakref.WeakSet()
@@ -67,6 +101,8 @@ def _reset_after_fork() -> None:
     for plan in list(_plans):
         plan._lock = threading.Lock()   # a parent thread may have been inside the plan
         plan._owner = None
+        plan._hot.owner = 0
+        plan._hot.thread = 0   # no call is one crossing in the child
     if in_forked_child():
         # The forking thread keeps its identity in the child: make every plan call go through
         # runtime_api() again, which refuses ACL use in this child.
@@ -102,12 +138,21 @@ class Plan:
         self.stream = stream_argument(stream)
         self._lock = threading.Lock()
         self._owner: Optional[int] = None
+        # The state a call with nothing to rebind checks in C. checked_at is the close epoch the
+        # bindings were last checked at (-1: check before the next launch).
+        self._hot = _HotPlan(close_epoch=ctypes.addressof(close_epoch), checked_at=-1)
+        self._call_arguments = ctypes.byref(self._hot)
+        self._calls: Tuple[Any, Any] = (_must_check, _must_check)   # (until the launch is set up)
+        self._claim: Any = _nothing
+        self._release: Any = _nothing
+        self._launch_owned: Any = self._launch_owned_from_python
+        self._bound_outputs: Tuple[int, Tuple[Optional[DeviceArray], ...], Tuple[DeviceArray, ...]] = (0, (), ())
         self._closed = False
         self._owned_outputs: List[DeviceArray] = []
         self._tensors: Dict[str, AclTensor] = {}
         self._executor: Optional[Executor] = None
         self._workspace: Optional[DeviceBuffer] = None
-        self._hot_call: Optional[Tuple[Any, Any]] = None
+        self._hot_call: Optional[_HotPath] = None
         self._last_thread: Optional[int] = None
         self._foreign_writes = False   # set when another stream writes one of the inputs
         self._arrays: Dict[str, DeviceArray] = {}
@@ -156,7 +201,7 @@ class Plan:
                     start_reading(array, self)
             self._set_outputs()
             self._foreign_writes = True   # the inputs may have writes queued elsewhere
-            self._checked_at = -1
+            self._hot.checked_at = -1
         except BaseException:
             self.close()
             raise
@@ -193,27 +238,33 @@ class Plan:
         return executor
 
     def _set_launch_args(self) -> None:
+        """Points the plan's launches at its executor (again after a new one replaced it)."""
         executor = self._executor
         assert executor is not None   # built before the launch arguments
-        self._launch_args = (ctypes.c_void_p(self._workspace_ptr), ctypes.c_uint64(self._workspace_size),
-                             ctypes.cast(executor._as_parameter_, ctypes.c_void_p), self.stream._address)
-        hot = _hotpath()
-        if hot is not None:
-            self._hot_struct = _HotLaunch(ctypes.cast(self._launch, ctypes.c_void_p).value,
-                                          ctypes.cast(self._synchronize, ctypes.c_void_p).value,
-                                          self._workspace_ptr, self._workspace_size, self._launch_args[2].value,
-                                          self.stream._address.value)
-            self._call_arguments: Any = ctypes.byref(self._hot_struct)
-            self._hot_call = hot
-            self._calls: Tuple[Callable[[Any], int], Callable[[Any], int]] = hot
+        hot = self._hot
+        hot.launch = ctypes.cast(self._launch, ctypes.c_void_p).value
+        hot.synchronize = ctypes.cast(self._synchronize, ctypes.c_void_p).value
+        hot.workspace, hot.workspace_size = self._workspace_ptr, self._workspace_size
+        hot.executor = ctypes.cast(executor._as_parameter_, ctypes.c_void_p).value
+        hot.stream = self.stream._address.value
+        functions = _hotpath()
+        if functions is not None:
+            self._hot_call = functions
+            self._calls = functions.calls
+            self._claim, self._release, self._launch_owned = functions.claim, functions.release, functions.launch_owned
         else:
-            self._call_arguments = None
-            self._calls = (self._launch_from_python, self._launch_synchronize_from_python)
+            self._calls = (_must_check, _must_check)
+            self._claim = self._release = _nothing
+            self._launch_owned = self._launch_owned_from_python
 
     def _set_outputs(self) -> None:
+        """The outputs calls return, under a new generation: a call that saw the old ones is
+        refused in C and made again from Python."""
         slots = self._slots
-        self._outputs = tuple([slots[name] for name in self._operator.output_names])
-        self._written = tuple([a for a in self._outputs if a is not None])
+        outputs = tuple([slots[name] for name in self._operator.output_names])
+        hot = self._hot
+        hot.generation = (hot.generation + 1) & 0x7FFFFFFF   # (a C int32_t)
+        self._bound_outputs = (hot.generation, outputs, tuple([a for a in outputs if a is not None]))
 
     @property
     def workspace_size(self) -> int:
@@ -230,6 +281,26 @@ class Plan:
         is a DeviceArray, or host values for a host-values input (revision 1's group_index). The work
         is queued on the plan's stream; with synchronize=True the call also waits for it (one
         call instead of two on the hot path)."""
+        if arrays or named:
+            return self._call(arrays, named, synchronize, _MUST_CHECK)
+        # Nothing to rebind: one C call checks that this thread may skip the Python checks (its
+        # last call here passed them, nothing was closed since, the outputs are the ones read
+        # here) and launches, owning the plan meanwhile; else Python makes the call.
+        generation, outputs, written = self._bound_outputs
+        result = self._calls[synchronize](self._call_arguments, generation)
+        if result:
+            return self._call(arrays, named, synchronize, result, outputs, written)
+        if not synchronize:
+            self._note_queued(written)
+        return outputs
+
+    def _call(self, arrays: Tuple[Any, ...], named: Dict[str, Any], synchronize: bool, result: int,
+              outputs: Tuple[Optional[DeviceArray], ...] = (), written: Tuple[DeviceArray, ...] = ()
+              ) -> Tuple[Optional[DeviceArray], ...]:
+        """A plan call from Python: under the plan's lock, owning it in C too."""
+        kind = result >> 32
+        if kind == _LAUNCH_FAILED or kind == _SYNC_FAILED:
+            self._raise_launch_failure(result, kind)
         ident = _get_ident()
         if ident != self._last_thread:
             runtime_api()   # a thread's first call: bind it to a device
@@ -239,28 +310,50 @@ class Plan:
             self._acquire_contended(ident)
         self._owner = ident
         try:
-            if arrays or named:
-                self._rebind_all(arrays, named)
-            epoch = close_epoch[0]
-            if self._checked_at != epoch:
-                # Something was closed since the last check, or an input was written on another
-                # stream (a plan's own close() resets _checked_at, so a closed plan gets here too).
-                self._prepare()
-            status = self._calls[synchronize](self._call_arguments)
-            if status:
-                self._raise_launch_failure(status, self._hot_struct.failed == 1)
-            if close_epoch[0] != epoch:
-                self._check_bindings()   # something was closed during the launch: this call fails
+            if kind == _OVERLAP:
+                # Launched from C while something was closed: the call fails if it was one of
+                # the plan's (its memory is pinned, so nothing was used after a free).
+                self._check_bindings()
+            else:
+                outputs, written = self._call_owned(arrays, named, synchronize, ident)
             if not synchronize:
-                stream = self.stream
-                for array in self._written:
-                    array.pending = stream
-                    if array._readers is not None:
-                        note_write(array, stream)
-            return self._outputs
+                self._note_queued(written)
+            return outputs
         finally:
             self._owner = None
             lock.release()
+
+    def _call_owned(self, arrays: Tuple[Any, ...], named: Dict[str, Any], synchronize: bool,
+                    ident: int) -> Tuple[Tuple[Optional[DeviceArray], ...], Tuple[DeviceArray, ...]]:
+        """Rebinds, checks and launches, owning the plan in C: a call from C on another thread
+        waits (it finds the plan owned and comes here, to the lock)."""
+        hot, arguments = self._hot, self._call_arguments
+        try:
+            self._claim(arguments)
+            if arrays or named:
+                self._rebind_all(arrays, named)
+            epoch = close_epoch[0]
+            if hot.checked_at != epoch:
+                # Something was closed since the last check, or an input was written on another
+                # stream (a plan's own close() clears checked_at, so a closed plan gets here too).
+                self._prepare()
+            result = self._launch_owned(arguments, synchronize)
+            if result:
+                self._raise_launch_failure(result, result >> 32)
+            if close_epoch[0] != epoch:
+                self._check_bindings()   # something was closed during the launch: this call fails
+            hot.thread = ident   # this thread's next call can be one crossing
+            return self._bound_outputs[1:]
+        finally:
+            self._release(arguments)
+
+    def _note_queued(self, written: Tuple[DeviceArray, ...]) -> None:
+        """The outputs of a launch that was not waited for: a reader waits for the plan's stream."""
+        stream = self.stream
+        for array in written:
+            array.pending = stream
+            if array._readers is not None:
+                note_write(array, stream)
 
     def _acquire_contended(self, ident: int) -> None:
         if self._owner == ident:
@@ -270,9 +363,9 @@ class Plan:
 
     def _prepare(self) -> None:
         """Before a launch that the fast check did not clear: the bindings must be open, and
-        inputs written on another stream are waited for. (_checked_at is set first: a close or a
+        inputs written on another stream are waited for. (checked_at is set first: a close or a
         foreign write from here on makes the next call come here again.)"""
-        self._checked_at = close_epoch[0]
+        self._hot.checked_at = close_epoch[0]
         self._check_bindings()
         if self._foreign_writes:
             self._wait_for_foreign_writes()
@@ -280,13 +373,13 @@ class Plan:
     def _check_bindings(self) -> None:
         """The plan, every bound array, and the stream must still be open."""
         if self._closed:
-            self._checked_at = -1
+            self._hot.checked_at = -1
             raise HandleClosedError(f"this {type(self).__name__} was closed")
         try:
             check_open(self._arrays)
             self.stream.check_open("stream")
         except BaseException:
-            self._checked_at = -1
+            self._hot.checked_at = -1
             raise
 
     def _wait_for_foreign_writes(self) -> None:
@@ -298,19 +391,17 @@ class Plan:
             if name not in outputs and array.pending is not None and array.pending is not stream:
                 array.wait_for_writer()
 
-    def _launch_from_python(self, _: object = None) -> int:
-        """Phase 2 as its own ctypes call (without the C helper)."""
-        status = self._launch(*self._launch_args)
+    def _launch_owned_from_python(self, _: object, synchronize: bool) -> int:
+        """Phase 2 (and the synchronisation) as ctypes calls, without the C helper; returns
+        what the helper's call would."""
+        status: int = self._launch(ctypes.c_void_p(self._workspace_ptr), ctypes.c_uint64(self._workspace_size),
+                                   ctypes.c_void_p(self._hot.executor), self.stream._address)
         if status:
-            self._raise_launch_failure(status, True)
-        return 0
-
-    def _launch_synchronize_from_python(self, _: object = None) -> int:
-        """Phase 2 and the synchronisation as two ctypes calls (without the C helper)."""
-        self._launch_from_python()
-        status = self._synchronize(self._launch_args[3])
-        if status:
-            self._raise_launch_failure(status, False)
+            return (_LAUNCH_FAILED << 32) | (status & 0xFFFFFFFF)
+        if synchronize:
+            status = self._synchronize(self.stream._address)
+            if status:
+                return (_SYNC_FAILED << 32) | (status & 0xFFFFFFFF)
         return 0
 
     def _rebind_all(self, arrays: Tuple[Any, ...], named: Dict[str, Any]) -> None:
@@ -354,9 +445,10 @@ class Plan:
         if host_values:
             self._regroup(host_values)
 
-    def _raise_launch_failure(self, status: int, in_phase2: bool) -> None:
+    def _raise_launch_failure(self, result: int, kind: int) -> None:
+        status = ctypes.c_int32(result & 0xFFFFFFFF).value
         api = runtime_api()
-        if in_phase2:
+        if kind == _LAUNCH_FAILED:
             self._operator.check_status(api, status, self._operator.description.phase2)
         _ffi.raise_status(status, "aclrtSynchronizeStream", api.get_message)
 
@@ -374,7 +466,7 @@ class Plan:
         ptr = array.ptr
         if ptr != self._bound[name]:
             set_address, index, tensor, api_name = self._setters[name]
-            status = set_address(self._launch_args[2], index, tensor, ctypes.c_void_p(ptr))
+            status = set_address(ctypes.c_void_p(self._hot.executor), index, tensor, ctypes.c_void_p(ptr))
             if status:
                 self._operator.check_status(runtime_api(), status, api_name)
             self._bound[name] = ptr
@@ -387,7 +479,7 @@ class Plan:
             start_reading(array, self)
             if array.pending is not None and array.pending is not self.stream:
                 self._foreign_writes = True   # written on another stream: wait before the launch
-                self._checked_at = -1
+                self._hot.checked_at = -1
 
     def _regroup(self, host_values: Dict[str, Any]) -> None:
         describe = self._operator.description.host_values
@@ -414,9 +506,10 @@ class Plan:
     def close(self) -> None:
         """Destroys the executor and the plan's tensors, frees outputs the plan allocated (after
         the work queued with them is done), and lets go of the arrays it was bound to."""
+        hot = self._hot
         if in_forked_child():
             self._closed = True   # the parent's device state is not this process's to free
-            self._checked_at = -1
+            hot.checked_at = -1
             return
         ident = _get_ident()
         if not self._lock.acquire(False):
@@ -424,8 +517,11 @@ class Plan:
         try:
             if self._closed:
                 return
+            self._claim(self._call_arguments)   # a call in C on another thread ends first
             self._closed = True
-            self._checked_at = -1   # the next call checks, and fails
+            hot.checked_at = -1   # the next call checks, and fails
+            hot.thread = 0
+            self._release(self._call_arguments)
             self._hot_call = None
             stream = self.stream
             try:

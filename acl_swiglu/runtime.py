@@ -25,8 +25,9 @@ from .errors import AclError, ConfigurationError, HandleClosedError
 ACL_ERROR_REPEAT_INITIALIZE = 100002
 ENV_DEVICE_ID = "ACL_SWIGLU_DEVICE_ID"
 
-# Bumped whenever a handle is closed, so hot paths re-check what they use only then.
-close_epoch = [0]
+# Bumped whenever a handle is closed, so hot paths re-check what they use only then. C memory:
+# the C helper's plan calls read it too.
+close_epoch = (ctypes.c_int64 * 1)()
 
 # Guards pins, the used-on streams and the closed flag of every Life. Re-entrant: a garbage
 # collection (and so a finalizer) can start inside any allocation, also while it is held.

@@ -1,11 +1,19 @@
 /*
  * The binding's hot path in C: a plan call is phase 2 and, optionally, a stream
  * synchronisation, made here from function pointers the Python side took from whichever
- * libraries it loaded (real CANN or the emulator). One ctypes call instead of two keeps a
- * repeated plan call close to the cost of the same ACL calls made from C.
+ * libraries it loaded (real CANN or the emulator).
+ *
+ * A repeated call with nothing to rebind is one ctypes call: this file also holds the checks
+ * such a call needs (who owns the plan, whether anything was closed since the plan last looked,
+ * whether the caller's view of the outputs is current), so that the Python side of it is a
+ * single crossing. Anything those checks refuse goes back to Python, which takes its own lock,
+ * then owns the plan here (hot_claim) while it rebinds, checks and launches.
  * This library links to no ACL library: it only calls what it is given.
  */
+#define _POSIX_C_SOURCE 200809L
+#include <pthread.h>
 #include <stdint.h>
+#include <time.h>
 
 #if defined(_WIN32)
 #define HOTPATH_EXPORT
@@ -16,6 +24,16 @@
 typedef int32_t (*launch_fn)(void *workspace, uint64_t workspace_size, void *executor, void *stream);
 typedef int (*synchronize_fn)(void *stream);
 
+/* What a call's result says in its upper 32 bits; the lower 32 hold a failed call's status. */
+enum {
+    HOT_DONE = 0,       /* launched (and synchronised): the result is 0 */
+    HOT_LAUNCH_FAILED,  /* phase 2 returned the status */
+    HOT_SYNC_FAILED,    /* aclrtSynchronizeStream returned the status (phase 2 succeeded) */
+    HOT_BUSY,           /* another call owns the plan: nothing was done */
+    HOT_CHECK,          /* the plan must be checked from Python first: nothing was done */
+    HOT_OVERLAP         /* launched, but something was closed meanwhile: Python decides */
+};
+
 /* Laid out as the binding's ctypes structure of the same fields, in this order. */
 typedef struct {
     launch_fn launch;            /* the operator's phase 2 */
@@ -24,25 +42,105 @@ typedef struct {
     uint64_t workspace_size;
     void *executor;
     void *stream;
-    int32_t failed;              /* set by each call: 0, 1 (phase 2 failed) or 2 (synchronize failed) */
-} hot_launch;
+    const int64_t *close_epoch;  /* moves at every close of any handle (written by Python) */
+    int64_t checked_at;          /* the close epoch the bindings were last checked at, or -1 */
+    uint64_t thread;             /* the thread allowed the one-crossing call (pthread_self), or 0 */
+    int32_t generation;          /* moves at every change of the outputs the plan returns (mod 2^31) */
+    uint64_t owner;              /* the thread (pthread_self) of the call that owns the plan, or 0 */
+} hot_plan;
 
-/* Phase 2. Returns 0 or its status (call->failed says which call failed). */
-HOTPATH_EXPORT int32_t acl_swiglu_hot_launch(hot_launch *call)
+static int64_t result_of(int32_t kind, int32_t status)
 {
-    int32_t status = call->launch(call->workspace, call->workspace_size, call->executor, call->stream);
-    call->failed = status != 0 ? 1 : 0;
-    return status;
+    return (int64_t)(((uint64_t)(uint32_t)kind << 32) | (uint32_t)status);
 }
 
-/* Phase 2, then the synchronisation: one ctypes call for a plan(synchronize=True). */
-HOTPATH_EXPORT int32_t acl_swiglu_hot_launch_synchronize(hot_launch *call)
+static int try_claim(hot_plan *plan, uint64_t self)
 {
-    int32_t status = acl_swiglu_hot_launch(call);
+    uint64_t free_now = 0;
+    return __atomic_compare_exchange_n(&plan->owner, &free_now, self, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED);
+}
+
+/* Lets go of the plan if this thread owns it (else does nothing: a Python call interrupted
+ * before its claim must not release another thread's). */
+static void release(hot_plan *plan, uint64_t self)
+{
+    uint64_t mine = self;
+    __atomic_compare_exchange_n(&plan->owner, &mine, 0, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+}
+
+static int64_t epoch_now(const hot_plan *plan)
+{
+    return __atomic_load_n(plan->close_epoch, __ATOMIC_ACQUIRE);
+}
+
+static int64_t launch_owned(hot_plan *plan, int synchronize)
+{
+    int32_t status = plan->launch(plan->workspace, plan->workspace_size, plan->executor, plan->stream);
     if (status != 0) {
-        return status;
+        return result_of(HOT_LAUNCH_FAILED, status);
     }
-    status = call->synchronize(call->stream);
-    call->failed = status != 0 ? 2 : 0;
-    return status;
+    if (synchronize) {
+        status = plan->synchronize(plan->stream);
+        if (status != 0) {
+            return result_of(HOT_SYNC_FAILED, status);
+        }
+    }
+    return 0;
+}
+
+static int64_t call_unowned(hot_plan *plan, int32_t generation, int synchronize)
+{
+    uint64_t self = (uint64_t)pthread_self();
+    if (!try_claim(plan, self)) {
+        return result_of(HOT_BUSY, 0);
+    }
+    int64_t checked_at = plan->checked_at;
+    if (plan->thread != self || plan->generation != generation || checked_at < 0 ||
+        epoch_now(plan) != checked_at) {
+        release(plan, self);
+        return result_of(HOT_CHECK, 0);
+    }
+    int64_t result = launch_owned(plan, synchronize);
+    if (result == 0 && epoch_now(plan) != checked_at) {
+        result = result_of(HOT_OVERLAP, 0);
+    }
+    release(plan, self);
+    return result;
+}
+
+/* A plan call with nothing to rebind, by a caller that saw the outputs of `generation`. */
+HOTPATH_EXPORT int64_t acl_swiglu_hot_launch(hot_plan *plan, int32_t generation)
+{
+    return call_unowned(plan, generation, 0);
+}
+
+HOTPATH_EXPORT int64_t acl_swiglu_hot_launch_synchronize(hot_plan *plan, int32_t generation)
+{
+    return call_unowned(plan, generation, 1);
+}
+
+/* Owns the plan for Python's own call (or close), waiting for a call in C to end. Whoever
+ * owns it is either in C, where it cannot block, or holds the plan's Python lock, which the
+ * caller holds: the wait is bounded by one launch. */
+HOTPATH_EXPORT void acl_swiglu_hot_claim(hot_plan *plan)
+{
+    uint64_t self = (uint64_t)pthread_self();
+    struct timespec pause = {0, 1000};
+    while (!try_claim(plan, self)) {
+        nanosleep(&pause, NULL);
+        if (pause.tv_nsec < 1000000) {
+            pause.tv_nsec *= 2;
+        }
+    }
+}
+
+HOTPATH_EXPORT void acl_swiglu_hot_release(hot_plan *plan)
+{
+    release(plan, (uint64_t)pthread_self());
+}
+
+/* Phase 2 (and the synchronisation) for the Python call that owns the plan. */
+HOTPATH_EXPORT int64_t acl_swiglu_hot_launch_owned(hot_plan *plan, int32_t synchronize)
+{
+    return launch_owned(plan, synchronize != 0);
 }
