@@ -28,8 +28,8 @@ from . import _ffi
 from ._device import DeviceArray, DeviceBuffer, Stream, default_stream
 from ._scratch import STEP_LAUNCH, ArenaCall, ArenaHelper, ArenaLayout, CallScratch, arena_helper, arena_layout, host_address
 from .errors import ArgumentError, HandleClosedError, HostMemoryError
-from .runtime import (Life, Owned, at_fork_in_child, close_epoch, free_collected, in_forked_child, pin, pin_open, runtime_api, unpin,
-                      used_on)
+from .runtime import (CallGroup, Life, Owned, at_fork_in_child, close_epoch, enter, free_collected, in_forked_child,
+                      leave, pin, pin_open, runtime_api, unpin, used_on)
 from .tensor import AclIntArray, tensor_for
 
 if TYPE_CHECKING:   # (for annotations only: it imports this module)
@@ -374,7 +374,8 @@ def device_call(operator: Operator, values: Sequence[Any], stream: Optional[Stre
     epoch = close_epoch[0]   # (before the open checks: a close from here on shows in it)
     inputs = operator.input_count
     last = operator.last_call
-    if last is not None and last.epoch == epoch and last.abi == revision.abi and last.stream is stream._life:
+    if last is not None and last.epoch == epoch and last.abi == revision.abi and last.stream is stream._life and \
+            stream._workspace is last.workspace:
         # The same arguments as the last lean call, and nothing closed since: still open, same
         # tensors, same layouts. Only a write on another stream can have happened meanwhile.
         for array, bound in zip(values, last.bounds):
@@ -385,7 +386,7 @@ def device_call(operator: Operator, values: Sequence[Any], stream: Optional[Stre
                 pending = array.pending
                 if pending is not None and pending is not stream:
                     array.wait_for_writer()   # written on another stream
-            return _launch_bound(operator, values, stream, epoch, last.recipe, last.arguments, list(last.lives))
+            return _launch_grouped(operator, values, stream, last)
     bounds: List[Any] = []
     lives: List[Life] = []
     add_bound, add_life = bounds.append, lives.append
@@ -415,8 +416,12 @@ def device_call(operator: Operator, values: Sequence[Any], stream: Optional[Stre
     handles = [None if b is None else b[0] for b in bounds[:slots]]
     arguments = (*handles[:inputs], *recipe.scalars, *handles[inputs:])
     given_inputs = _picker([index for index in range(inputs) if values[index] is not None])
-    operator.last_call = _LastCall(epoch, revision.abi, stream._life, tuple(bounds), arguments, tuple(lives), recipe,
-                                   given_inputs)
+    # (the call below pins each of these and records the stream on them: a repeat can hold
+    # them as one group)
+    workspace = stream._workspace
+    used = [*lives, stream._life] if workspace is None else [*lives, stream._life, workspace._life]
+    operator.last_call = _LastCall(epoch, revision.abi, stream._life, tuple(bounds), arguments, CallGroup(used),
+                                   workspace, recipe, given_inputs)
     return _launch_bound(operator, values, stream, epoch, recipe, arguments, lives)
 
 
@@ -440,7 +445,8 @@ class _LastCall(NamedTuple):
     stream: Life
     bounds: Tuple[Any, ...]     # per argument: a DeviceArray's _bound, else the value itself
     arguments: Tuple[Any, ...]  # phase 1's arguments before &workspaceSize and &executor
-    lives: Tuple[Life, ...]     # what the call pins
+    group: CallGroup            # what a repeat holds: the arrays, the stream and its workspace
+    workspace: Optional[DeviceBuffer]   # the stream's pooled workspace at the time
     recipe: "_DeviceRecipe"
     inputs: Callable[[Sequence[Any]], Tuple[Any, ...]]   # the input arrays given, from the arguments
 
@@ -457,34 +463,60 @@ def _launch_bound(operator: Operator, values: Sequence[Any], stream: Stream, epo
     try:
         if close_epoch[0] != epoch:
             _check_call_open(dict(zip(operator.slot_names, values)), stream)
-        api = runtime_api()
-        size = ctypes.c_uint64()
-        executor = ctypes.c_void_p()
-        status = getattr(api.hot, operator.description.phase1)(*arguments, ctypes.byref(size), ctypes.byref(executor))
-        if status:
-            operator.check_status(api, status, operator.description.phase1)
-        nbytes = size.value
-        # (pinned and open: the memory stays until the stream is past this work, even if the
-        # pool replaces it meanwhile)
-        address = None
-        if nbytes and workspace is not None and workspace.nbytes >= nbytes:
-            address = workspace._handle
-            if workspace._life.closed:
-                address = None
-        if nbytes and address is None:
-            launch_single_use(operator, api, executor, nbytes, stream)
-        else:
-            status = getattr(api.hot, operator.description.phase2)(
-                address if nbytes else None, ctypes.c_uint64(nbytes), executor, stream._address)
-            if status:
-                operator.check_status(api, status, operator.description.phase2)
-        results = [None if position < 0 else values[position] for position in recipe.outputs]
-        mark_written(results, stream)
+        results = _both_phases(operator, values, stream, recipe, arguments, workspace)
     finally:
         unpin(lives, stream._life)
     if close_epoch[0] != epoch:
         # closed by another thread during the call: it must not succeed
         _check_call_open(dict(zip(operator.slot_names, values)), stream)
+    return results
+
+
+def _launch_grouped(operator: Operator, values: Sequence[Any], stream: Stream,
+                    last: _LastCall) -> List[Optional[DeviceArray]]:
+    """A repeat of the last lean call: what it uses is held as one group for its length."""
+    epoch = last.epoch
+    group = last.group
+    enter(group)   # a close() from another thread now waits for the end of this call
+    try:
+        if close_epoch[0] != epoch:
+            # closed between the caller's check and the enter: it may be freed already
+            _check_call_open(dict(zip(operator.slot_names, values)), stream)
+        results = _both_phases(operator, values, stream, last.recipe, last.arguments, last.workspace)
+    finally:
+        leave(group)
+    if close_epoch[0] != epoch:
+        _check_call_open(dict(zip(operator.slot_names, values)), stream)
+    return results
+
+
+def _both_phases(operator: Operator, values: Sequence[Any], stream: Stream, recipe: "_DeviceRecipe",
+                 arguments: Tuple[Any, ...], workspace: Optional[DeviceBuffer]) -> List[Optional[DeviceArray]]:
+    """Phase 1 and phase 2 of a lean call whose handles (and `workspace`, the stream's pooled
+    one, if any) are held; the outputs, marked as written on the stream."""
+    api = runtime_api()
+    size = ctypes.c_uint64()
+    executor = ctypes.c_void_p()
+    status = getattr(api.hot, operator.description.phase1)(*arguments, ctypes.byref(size), ctypes.byref(executor))
+    if status:
+        operator.check_status(api, status, operator.description.phase1)
+    nbytes = size.value
+    # (held and open: the memory stays until the stream is past this work, even if the pool
+    # replaces it meanwhile)
+    address = None
+    if nbytes and workspace is not None and workspace.nbytes >= nbytes:
+        address = workspace._handle
+        if workspace._life.closed:
+            address = None
+    if nbytes and address is None:
+        launch_single_use(operator, api, executor, nbytes, stream)
+    else:
+        status = getattr(api.hot, operator.description.phase2)(
+            address if nbytes else None, ctypes.c_uint64(nbytes), executor, stream._address)
+        if status:
+            operator.check_status(api, status, operator.description.phase2)
+    results = [None if position < 0 else values[position] for position in recipe.outputs]
+    mark_written(results, stream)
     return results
 
 

@@ -170,7 +170,7 @@ class _Runtime:
                 return
             life.closed = True
             close_epoch[0] += 1
-            if life.pins:
+            if life.pins or (_inside and _held_inside(life)):
                 return
         bound = getattr(self.local, "generation", -1) == self.generation
         if bound or not self.initialized or self.shut_down or self.pid != os.getpid():
@@ -286,6 +286,7 @@ def at_fork_in_child(hook: Callable[[], None]) -> None:
 def _after_fork_in_child() -> None:
     global _state_lock
     _state_lock = threading.RLock()
+    _inside.clear()   # (the calls of other threads are not in this process)
     _runtime.after_fork_in_child()
     _ffi._reset_after_fork()
     for hook in _fork_hooks:
@@ -361,7 +362,8 @@ def repin(held: Iterable[Life], released: Iterable[Life], stream_life: Optional[
                 elif stream_life not in streams:
                     streams.append(stream_life)
             life.pins -= 1
-            if life.closed and life.pins == 0 and (life.release is not None or life.dependents):
+            if life.closed and life.pins == 0 and (life.release is not None or life.dependents) and \
+                    not (_inside and _held_inside(life)):
                 retired.append(life)
     for life in retired:
         _runtime.retire(life)
@@ -371,7 +373,7 @@ def close_with(life: Life, dependent: "Owned") -> None:
     """Closes `dependent` together with the closed handle of `life`: now when nothing pins it,
     else when the last pin goes (after the streams that used it are past that work)."""
     with _state_lock:
-        if life.pins:
+        if life.pins or (_inside and _held_inside(life)):
             if life.dependents is None:
                 life.dependents = [dependent]
             else:
@@ -393,6 +395,59 @@ def _add_stream(life: Life, stream_life: Life) -> None:
         life.streams = [stream_life]
     elif stream_life not in streams:
         streams.append(stream_life)
+
+
+class CallGroup:
+    """The handles a repeated call uses, held as one for the length of each call: between
+    enter() and leave(), closing any of them defers its free until the last call has left (the
+    free then still waits for the streams that used it). Cheaper than pinning each: for calls
+    whose handles already carry their stream (a call that pinned them recorded it)."""
+
+    __slots__ = ("lives", "users", "deferred")
+
+    def __init__(self, lives: Iterable[Life]) -> None:
+        self.lives = tuple(lives)
+        self.users = 0
+        self.deferred: Optional[List[Life]] = None   # closed while inside: freed at the last leave
+
+
+# Groups with a call inside them (guarded by _state_lock).
+_inside: List[CallGroup] = []
+
+
+def enter(group: CallGroup) -> None:
+    with _state_lock:
+        if not group.users:
+            _inside.append(group)
+        group.users += 1
+
+
+def leave(group: CallGroup) -> None:
+    with _state_lock:
+        group.users -= 1
+        if group.users:
+            return
+        _inside.remove(group)
+        deferred, group.deferred = group.deferred, None
+        if not deferred:
+            return
+        retired = [life for life in deferred if life.pins == 0 and not (_inside and _held_inside(life)) and
+                   (life.release is not None or life.dependents)]
+    for life in retired:
+        _runtime.retire(life)
+
+
+def _held_inside(life: Life) -> bool:
+    """Whether a call inside a group uses `life` (then that group frees it when the call leaves).
+    Under _state_lock."""
+    for group in _inside:
+        if life in group.lives:
+            if group.deferred is None:
+                group.deferred = [life]
+            elif life not in group.deferred:
+                group.deferred.append(life)
+            return True
+    return False
 
 
 _Self = TypeVar("_Self", bound="Owned")
@@ -449,7 +504,7 @@ class Owned:
             if life.closed:
                 return
             life.closed = True
-            if life.pins or life.release is None:
+            if life.pins or life.release is None or (_inside and _held_inside(life)):
                 return
         if self._finalizer is not None:
             self._finalizer.detach()

@@ -74,6 +74,27 @@ def _warm(d_gy, d_x, out, stream, clamp: Optional[float] = 1.5) -> None:
     stream.synchronize()
 
 
+# How a lean call holds what it uses: pinned one by one (a call whose arguments differ from the
+# last lean call's) or as the last call's group (a repeat).
+HOLDS = ("pinned", "grouped")
+
+
+def _at_hold(monkeypatch, hold: str, hook: Callable[[Callable[[Any], None], Any], None]) -> None:
+    """The next lean call runs hook(real, held) where it takes its hold (pin(lives) or
+    enter(group)); hook calls real(held) itself. For "pinned", the last call is forgotten, so
+    the next one is not a repeat."""
+    name = "pin" if hold == "pinned" else "enter"
+    real = getattr(_aclnn, name)
+    if hold == "pinned":
+        acl_swiglu.op.SWIGLU_GROUP_QUANT_GRAD.last_call = None
+
+    def hooked(held: Any) -> None:
+        monkeypatch.setattr(_aclnn, name, real)
+        hook(real, held)
+
+    monkeypatch.setattr(_aclnn, name, hooked)
+
+
 class GeneralCalls:
     """Counts the calls that took the general path (the others took the lean path)."""
 
@@ -119,9 +140,10 @@ class Handover:
 
 
 
-def test_close_between_pin_check_and_tensor_destroy(monkeypatch):
+@pytest.mark.parametrize("hold", HOLDS)
+def test_close_between_pin_check_and_tensor_destroy(monkeypatch, hold):
     """Thread B closes grad_y while thread A is in a lean call: B's close_with finds the memory
-    unpinned, then A pins it and checks the epoch (unchanged: nothing bumped it yet), then B's
+    not held, then A holds it and checks the epoch (unchanged: nothing bumped it yet), then B's
     tensor close destroys the aclTensor, then A's phase 1 runs on it. The call overlapped a
     close, so it must raise HandleClosedError; it must not hand phase 1 a destroyed tensor."""
     gy, x = _case()
@@ -131,13 +153,12 @@ def test_close_between_pin_check_and_tensor_destroy(monkeypatch):
         _warm(d_gy, d_x, out, stream)
         steps = Handover()
         api = runtime.runtime_api()
-        real_pin, real_phase1 = _aclnn.pin, getattr(api.hot, PHASE1)
+        real_phase1 = getattr(api.hot, PHASE1)
 
-        def pin_when_b_checked(lives):   # A, between reading the bindings and pinning them
-            monkeypatch.setattr(_aclnn, "pin", real_pin)
+        def hold_when_b_checked(real, held):   # A, between reading the bindings and holding them
             steps.signal("a at pin")
             steps.wait("b checked the pins")
-            real_pin(lives)
+            real(held)
 
         def phase1_after_b_destroyed(*args):   # A, after its epoch check
             monkeypatch.setattr(api.hot, PHASE1, real_phase1)
@@ -154,7 +175,7 @@ def test_close_between_pin_check_and_tensor_destroy(monkeypatch):
             real_tensor_close()
 
         tensor.close = tensor_close_paused
-        monkeypatch.setattr(_aclnn, "pin", pin_when_b_checked)
+        _at_hold(monkeypatch, hold, hold_when_b_checked)
         monkeypatch.setattr(api.hot, PHASE1, phase1_after_b_destroyed)
         outcome: List[BaseException] = []
 
@@ -177,7 +198,8 @@ def test_close_between_pin_check_and_tensor_destroy(monkeypatch):
         assert outcome and isinstance(outcome[0], errors.HandleClosedError), outcome
 
 
-def test_stream_closed_during_a_lean_call(monkeypatch):
+@pytest.mark.parametrize("hold", HOLDS)
+def test_stream_closed_during_a_lean_call(monkeypatch, hold):
     gy, x = _case()
     d_gy, d_x = acl_swiglu.to_device(gy), acl_swiglu.to_device(x)
     out = acl_swiglu.DeviceArray.empty(x.shape, x.dtype)
@@ -187,7 +209,6 @@ def test_stream_closed_during_a_lean_call(monkeypatch):
     outcome: List[Any] = []
     try:
         _warm(d_gy, d_x, out, stream)
-        real_pin = _aclnn.pin
         real_release = stream.release_workspace
 
         def release_paused():   # B, inside Stream.close: the stream is destroyed, its pool not yet
@@ -197,14 +218,13 @@ def test_stream_closed_during_a_lean_call(monkeypatch):
 
         stream.release_workspace = release_paused
 
-        def pin_then_wait(lives):   # A, holding the pooled workspace
-            monkeypatch.setattr(_aclnn, "pin", real_pin)
-            real_pin(lives)
+        def hold_then_wait(real, held):   # A, holding the pooled workspace
+            real(held)
             steps.signal("a pinned")
             steps.wait("stream destroyed")
             newcomer.append(acl_swiglu.Stream())   # another thread makes a stream meanwhile
 
-        monkeypatch.setattr(_aclnn, "pin", pin_then_wait)
+        _at_hold(monkeypatch, hold, hold_then_wait)
         b = threading.Thread(target=lambda: (steps.wait("a pinned"), stream.close()))
         b.start()
         try:
@@ -239,27 +259,31 @@ def test_stream_closed_during_a_lean_call(monkeypatch):
 @contextlib.contextmanager
 def hostile_scheduler() -> Iterator[None]:
     """Thread switches every few microseconds, and a switch offered at the steps where a close
-    and a call meet (before a call pins what it uses, before a tensor handle is destroyed). The
-    switches only widen windows; no outcome depends on their timing."""
+    and a call meet (before a call pins or enters what it uses, before a tensor handle is
+    destroyed). The switches only widen windows; no outcome depends on their timing."""
     from acl_swiglu.tensor import AclTensor
-    real_pin, real_close = _aclnn.pin, AclTensor.close
+    real_pin, real_enter, real_close = _aclnn.pin, _aclnn.enter, AclTensor.close
 
     def pin_after_a_switch(lives):
         time.sleep(0)
         real_pin(lives)
+
+    def enter_after_a_switch(group):
+        time.sleep(0)
+        real_enter(group)
 
     def close_after_a_switch(self):
         time.sleep(0)
         real_close(self)
 
     previous = sys.getswitchinterval()
-    _aclnn.pin, AclTensor.close = pin_after_a_switch, close_after_a_switch
+    _aclnn.pin, _aclnn.enter, AclTensor.close = pin_after_a_switch, enter_after_a_switch, close_after_a_switch
     sys.setswitchinterval(1e-5)
     try:
         yield
     finally:
         sys.setswitchinterval(previous)
-        _aclnn.pin, AclTensor.close = real_pin, real_close
+        _aclnn.pin, _aclnn.enter, AclTensor.close = real_pin, real_enter, real_close
 
 
 @pytest.fixture
