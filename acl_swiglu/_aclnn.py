@@ -26,6 +26,7 @@ import numpy as np
 
 from . import _ffi
 from ._device import DeviceArray, DeviceBuffer, Stream, default_stream
+from ._lean import NO_WORKSPACE, PHASE1_FAILED, LeanCall, lean_call, status_of
 from ._scratch import STEP_LAUNCH, ArenaCall, ArenaHelper, ArenaLayout, CallScratch, arena_helper, arena_layout, host_address
 from .errors import ArgumentError, HandleClosedError, HostMemoryError
 from .runtime import (CallGroup, Life, Owned, at_fork_in_child, close_epoch, enter, free_collected, in_forked_child,
@@ -74,6 +75,9 @@ class OperatorDescription(NamedTuple):
     host_values: Callable[[str, Any], Tuple[int, ...]]
     revisions: Mapping[int, Revision]
     revision: Callable[[], int]
+    # The C helper's phase-1 thunk of this operator (binding/lean.h), for repeated device-level
+    # calls made from C; None: they make both phases through ctypes.
+    phase1_thunk: Optional[str] = None
 
     def declarations(self) -> Tuple[_ffi.Declaration, _ffi.Declaration]:
         """The operator's two C functions, as _ffi rows."""
@@ -420,8 +424,8 @@ def device_call(operator: Operator, values: Sequence[Any], stream: Optional[Stre
     # them as one group)
     workspace = stream._workspace
     used = [*lives, stream._life] if workspace is None else [*lives, stream._life, workspace._life]
-    operator.last_call = _LastCall(epoch, revision.abi, stream._life, tuple(bounds), arguments, CallGroup(used),
-                                   workspace, recipe, given_inputs)
+    operator.last_call = _LastCall(epoch, revision.abi, stream._life, tuple(bounds), arguments, tuple(handles),
+                                   CallGroup(used), workspace, recipe, given_inputs, [])
     return _launch_bound(operator, values, stream, epoch, recipe, arguments, lives)
 
 
@@ -445,10 +449,12 @@ class _LastCall(NamedTuple):
     stream: Life
     bounds: Tuple[Any, ...]     # per argument: a DeviceArray's _bound, else the value itself
     arguments: Tuple[Any, ...]  # phase 1's arguments before &workspaceSize and &executor
+    handles: Tuple[Any, ...]    # its tensor arguments alone, inputs then outputs
     group: CallGroup            # what a repeat holds: the arrays, the stream and its workspace
     workspace: Optional[DeviceBuffer]   # the stream's pooled workspace at the time
     recipe: "_DeviceRecipe"
     inputs: Callable[[Sequence[Any]], Tuple[Any, ...]]   # the input arrays given, from the arguments
+    native: List[Optional[LeanCall]]   # the repeat made from C, once a repeat built it (None: not possible)
 
 
 def _launch_bound(operator: Operator, values: Sequence[Any], stream: Stream, epoch: int, recipe: "_DeviceRecipe",
@@ -482,12 +488,46 @@ def _launch_grouped(operator: Operator, values: Sequence[Any], stream: Stream,
         if close_epoch[0] != epoch:
             # closed between the caller's check and the enter: it may be freed already
             _check_call_open(dict(zip(operator.slot_names, values)), stream)
-        results = _both_phases(operator, values, stream, last.recipe, last.arguments, last.workspace)
+            results = _both_phases(operator, values, stream, last.recipe, last.arguments, last.workspace)
+        else:
+            results = _both_phases_from_c(operator, values, stream, last)
     finally:
         leave(group)
     if close_epoch[0] != epoch:
         _check_call_open(dict(zip(operator.slot_names, values)), stream)
     return results
+
+
+def _both_phases_from_c(operator: Operator, values: Sequence[Any], stream: Stream,
+                        last: _LastCall) -> List[Optional[DeviceArray]]:
+    """_both_phases as one call into the C helper, for a repeat whose workspace is open."""
+    api = runtime_api()
+    native = last.native
+    if not native:
+        native.append(_lean_call_of(operator, api, last, stream))
+    lean = native[0]
+    if lean is None or lean.current(api.hot) != lean.functions:
+        return _both_phases(operator, values, stream, last.recipe, last.arguments, last.workspace)
+    result = lean.call(lean.argument)
+    if result:
+        kind, status = result >> 32, status_of(result)
+        if kind == NO_WORKSPACE:   # (phase 1 wants more than the pool holds: nothing was launched)
+            if status:
+                _ffi.drop_message(api.get_message)   # the destroy of the unused executor failed
+            return _both_phases(operator, values, stream, last.recipe, last.arguments, last.workspace)
+        description = operator.description
+        operator.check_status(api, status, description.phase1 if kind == PHASE1_FAILED else description.phase2)
+    results = [None if position < 0 else values[position] for position in last.recipe.outputs]
+    mark_written(results, stream)
+    return results
+
+
+def _lean_call_of(operator: Operator, api: SimpleNamespace, last: _LastCall, stream: Stream) -> Optional[LeanCall]:
+    workspace = last.workspace
+    address, capacity = (None, 0) if workspace is None else (workspace._handle.value, workspace.nbytes)
+    description = operator.description
+    return lean_call(api, description.phase1, description.phase2, description.phase1_thunk, last.handles,
+                     last.recipe.scalars, address, capacity, stream._address)
 
 
 def _both_phases(operator: Operator, values: Sequence[Any], stream: Stream, recipe: "_DeviceRecipe",

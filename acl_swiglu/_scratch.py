@@ -137,6 +137,11 @@ class ArenaHelper(NamedTuple):
 # ctypes has no public name for the base class of foreign functions, and only its instances are
 # known to be plain C calls (anything else put in their place, such as a wrapper, must see each call).
 _C_FUNCTION: type = getattr(ctypes, "_CFuncPtr")
+
+
+def is_c_function(function: Any) -> bool:
+    """Whether `function` is a plain ctypes foreign function (not a wrapper in its place)."""
+    return isinstance(function, _C_FUNCTION)
 _arena_helpers: Dict[Tuple[int, str], Tuple[Any, Callable[[Any], Tuple[Any, ...]], Tuple[Any, ...],
                                              Optional[ArenaHelper]]] = {}
 
@@ -153,7 +158,7 @@ def arena_helper(api: Any, launch: str) -> Optional[ArenaHelper]:
     functions = _helper_functions(launch)(api.raw)
     library = helper_library()
     helper = None
-    if library is not None and all(isinstance(f, _C_FUNCTION) for f in functions):
+    if library is not None and all(is_c_function(f) for f in functions):
         try:
             entries = [getattr(library, name) for name in ("acl_swiglu_arena_open", "acl_swiglu_arena_finish",
                                                            "acl_swiglu_arena_close")]

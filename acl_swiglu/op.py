@@ -71,6 +71,7 @@ SWIGLU_GROUP_QUANT_GRAD = _aclnn.register(OperatorDescription(
     # pointer either way, which the revision's marshaller fills.
     phase1_argtypes=(_T, _T, _T, _T, c_void_p, c_double, _T, _T, POINTER(c_uint64), POINTER(_ffi.aclOpExecutor_p)),
     validate=_validate, host_values=_host_values, revisions=REVISIONS, revision=_loader.call_revision,
+    phase1_thunk="acl_swiglu_phase1_swiglu_group_quant_grad",
 ))
 _OP = SWIGLU_GROUP_QUANT_GRAD
 
