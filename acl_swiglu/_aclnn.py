@@ -108,12 +108,13 @@ class Operator:
         self.device_recipes: Dict[Tuple[Any, ...], _DeviceRecipe] = {}   # by _layout_key
         self.one_shot_layouts: Dict[Tuple[Any, ...], _OneShotLayout] = {}
         self.last_call: Optional[_LastCall] = None   # the last lean device-level call
+        self._revisions, self._revision_number = description.revisions, description.revision
         c_names = {slot.c_name: slot.name for slot in description.inputs + description.outputs + description.scalars}
         self._c_names = c_names
         self._c_name_pattern = re.compile(r"\b(" + "|".join(map(re.escape, c_names)) + r")\b")
 
     def revision(self) -> Revision:
-        return self.description.revisions[self.description.revision()]
+        return self._revisions[self._revision_number()]
 
     def describe_arguments(self, message: str) -> str:
         """'gradXOut is the grad_x argument, ...' for the C parameters a CANN message names."""

@@ -106,7 +106,7 @@ def swiglu_group_quant_grad_device(grad_y: DeviceArray, x: DeviceArray, weight: 
     ints; revision 2 as an int64 DeviceArray."""
     computed_x, computed_weight = _aclnn.device_call(
         _OP, (grad_y, x, weight, y_origin, group_index, grad_x, grad_weight, clamp_limit), stream)
-    return cast(DeviceArray, computed_x), computed_weight
+    return computed_x, computed_weight   # type: ignore[return-value]   # (grad_x is always computed)
 
 
 def get_workspace_size(grad_y: DeviceArray, x: DeviceArray, weight: Optional[DeviceArray] = None,

@@ -304,7 +304,10 @@ def in_forked_child() -> bool:
 
 def runtime_api() -> SimpleNamespace:
     """The C API on this thread, initialising ACL and binding a device as needed."""
-    return _runtime.api()
+    runtime = _runtime   # (_Runtime.api, inlined: every call path starts here)
+    if getattr(runtime.local, "generation", -1) != runtime.generation:
+        runtime._bind_thread()
+    return _ffi._api or _ffi.api()
 
 
 def set_device(device_id: int) -> None:
