@@ -26,8 +26,9 @@ import numpy as np
 
 from . import _ffi
 from ._device import DeviceArray, DeviceBuffer, Stream, default_stream
-from ._lean import NO_WORKSPACE, PHASE1_FAILED, LeanCall, lean_call, status_of
-from ._scratch import STEP_LAUNCH, ArenaCall, ArenaHelper, ArenaLayout, CallScratch, arena_helper, arena_layout, host_address
+from ._lean import NO_WORKSPACE, PHASE1_FAILED, ArenaPhase1, LeanCall, arena_phase1, lean_call, status_of
+from ._scratch import (STEP_LAUNCH, STEP_PHASE1, ArenaCall, ArenaHelper, ArenaLayout, CallScratch, arena_helper, arena_layout,
+                       helper_library, host_address)
 from .errors import ArgumentError, HandleClosedError, HostMemoryError
 from .runtime import (CallGroup, Life, Owned, at_fork_in_child, close_epoch, enter, free_collected, in_forked_child,
                       leave, pin, pin_open, runtime_api, unpin, used_on)
@@ -741,6 +742,7 @@ class _OneShotLayout(NamedTuple):
     outputs: Tuple[Tuple[str, Tuple[int, ...], np.dtype], ...]   # the results, in arena order
     convert: bool             # an array is not in native byte order: convert it first
     stage: bool               # an input's strides cannot go to the device: copy it in C order first
+    native: List[Optional[ArenaPhase1]]   # phase 1 for the helper's one-call run, once built (None: not possible)
 
 
 _LAYOUT_CACHE_SIZE = 256
@@ -763,7 +765,7 @@ def _one_shot_layout(operator: Operator, revision: Revision, values: Sequence[An
         host_inputs = tuple((position, name) for position, name in enumerate(operator.slot_names)
                             if name in revision.host_inputs and arguments.get(name) is not None)
         stage = any(placement.make_contiguous for _, placement in arena.inputs)
-        layout = _OneShotLayout(problem, arena, tuple(positions), slots, host_inputs, outputs, convert, stage)
+        layout = _OneShotLayout(problem, arena, tuple(positions), slots, host_inputs, outputs, convert, stage, [])
         _remember(operator.one_shot_layouts, key, layout)
     return layout
 
@@ -811,9 +813,10 @@ def _pinned_thread_stream() -> Tuple[Stream, Tuple[Life]]:
 
 def _one_shot_native(operator: Operator, revision: Revision, layout: _OneShotLayout, values: Sequence[Any],
                      results: List[np.ndarray], api: SimpleNamespace, helper: ArenaHelper, stream: Stream) -> None:
-    """The one-shot call through the C helper: the arena and every copy in and tensor in one
-    call, phase 1, then phase 2, the synchronisation, the copies back and every release in
-    another. The arena holds the workspace too, sized by the last call with this layout."""
+    """The one-shot call through the C helper: all of it in one call (phase 1 through the
+    operator's thunk), or, when phase 1 must be made from Python, the arena and every copy in
+    and tensor in one call, phase 1, then phase 2, the synchronisation, the copies back and every
+    release in another. The arena holds the workspace too, sized by the last call with this layout."""
     arena = layout.arena
     hosts = [values[position] for position in layout.inputs]
     if layout.stage:
@@ -824,19 +827,32 @@ def _one_shot_native(operator: Operator, revision: Revision, layout: _OneShotLay
     capacity = arena.workspace[0]
     slots = arena.slots(*[host_address(host) for host in hosts], *[host_address(result) for result in results])
     call = ArenaCall(None, arena.size + capacity, arena.size, capacity, 0, 0, ctypes.addressof(slots))
-    status = helper.open(helper.api, arena.native, count, first_output, ctypes.byref(call))
+    phase1 = _arena_phase1_of(operator, revision, layout, api)
+    description = operator.description
+    if phase1 is not None:
+        status = helper.run(helper.api, arena.native, count, first_output, ctypes.byref(call), phase1.argument,
+                            stream._address)
+    else:
+        status = helper.open(helper.api, arena.native, count, first_output, ctypes.byref(call))
     buffer: Optional[DeviceBuffer] = None
     try:
         if status:
+            if call.step == STEP_PHASE1 or call.step == STEP_LAUNCH:
+                operator.check_status(api, status, description.phase1 if call.step == STEP_PHASE1 else description.phase2)
             helper.raise_failure(api, call, status)
-        handles: List[Any] = [None if index < 0 else ctypes.c_void_p(slots[count + index]) for index in layout.slots]
-        if layout.host_inputs:
-            with ExitStack() as stack:
-                for position, name in layout.host_inputs:   # read by phase 1: freed right after it
-                    handles[position] = _host_input(operator, name, values[position], stack).address
-                executor, size = operator.phase1(api, revision, layout.problem, handles)
+        if phase1 is not None:
+            if not call.executor:
+                return   # done, everything released
+            executor, size = ctypes.c_void_p(call.executor), call.workspace_size   # (more workspace than the arena's)
         else:
-            executor, size = operator.phase1(api, revision, layout.problem, handles)
+            handles: List[Any] = [None if index < 0 else ctypes.c_void_p(slots[count + index]) for index in layout.slots]
+            if layout.host_inputs:
+                with ExitStack() as stack:
+                    for position, name in layout.host_inputs:   # read by phase 1: freed right after it
+                        handles[position] = _host_input(operator, name, values[position], stack).address
+                    executor, size = operator.phase1(api, revision, layout.problem, handles)
+            else:
+                executor, size = operator.phase1(api, revision, layout.problem, handles)
         if size > capacity:
             arena.workspace[0] = max(arena.workspace[0], size)   # the next call's arena holds it
             try:
@@ -848,7 +864,7 @@ def _one_shot_native(operator: Operator, revision: Revision, layout: _OneShotLay
                                None if buffer is None else workspace, stream._address)
         if status:
             if call.step == STEP_LAUNCH:
-                operator.check_status(api, status, operator.description.phase2)
+                operator.check_status(api, status, description.phase2)
             helper.raise_failure(api, call, status)
     except BaseException:
         # (after the failure's message was read: the release's own failures are not reported)
@@ -858,6 +874,25 @@ def _one_shot_native(operator: Operator, revision: Revision, layout: _OneShotLay
     finally:
         if buffer is not None:
             unpin((buffer._life,), stream._life)
+
+
+def _arena_phase1_of(operator: Operator, revision: Revision, layout: _OneShotLayout,
+                     api: SimpleNamespace) -> Optional[ArenaPhase1]:
+    """The layout's phase 1 for the helper's one-call run (built on its first use), or None:
+    a host-values argument (made per call in Python), no thunk, or a wrapped phase 1."""
+    native = layout.native
+    if not native:
+        record = None
+        if not layout.host_inputs and helper_library() is not None:
+            record = arena_phase1(api, operator.description.phase1, operator.description.phase1_thunk,
+                                  layout.slots, revision.scalars(layout.problem))
+        native.append(record)
+    phase1 = native[0]
+    if phase1 is None:
+        return None
+    if phase1.api is not api or getattr(api.hot, operator.description.phase1) is not phase1.function:
+        return None
+    return phase1
 
 
 def _one_shot_steps(operator: Operator, revision: Revision, layout: _OneShotLayout, values: Sequence[Any],

@@ -41,35 +41,86 @@ def status_of(result: int) -> int:
     return ctypes.c_int32(result & 0xFFFFFFFF).value
 
 
+def _scalar_bytes(slots: "ctypes.Array[ctypes.c_uint64]", scalars: Sequence[Any]) -> bool:
+    """Copies each ctypes scalar's bytes into its slot; False when one does not fit."""
+    base = ctypes.addressof(slots)
+    width = ctypes.sizeof(ctypes.c_uint64)
+    for index, scalar in enumerate(scalars):
+        size = ctypes.sizeof(scalar)
+        if size > width:
+            return False
+        ctypes.memmove(base + index * width, ctypes.addressof(scalar), size)
+    return True
+
+
+def _thunk_address(thunk: Optional[str], functions: Sequence[Any]) -> Optional[int]:
+    """The operator's phase-1 thunk in the helper, when there is one and every ACL function the
+    call would make is a plain C function."""
+    library = helper_library()
+    if library is None or thunk is None or not all(is_c_function(f) for f in functions):
+        return None
+    try:
+        return ctypes.cast(getattr(library, thunk), ctypes.c_void_p).value
+    except AttributeError:
+        return None
+
+
+def _address(function: Any) -> Optional[int]:
+    return ctypes.cast(function, ctypes.c_void_p).value
+
+
 def lean_call(api: Any, phase1: str, phase2: str, thunk: Optional[str], handles: Sequence[Optional[ctypes.c_void_p]],
               scalars: Sequence[Any], workspace_address: Optional[int], workspace_capacity: int,
               stream_address: ctypes.c_void_p) -> Optional[LeanCall]:
     """The record of a repeated call, or None: without the helper or the operator's thunk, with
     too many arguments for the record, or when an ACL function it would call is not a plain C
     function."""
-    library = helper_library()
-    if library is None or thunk is None or len(handles) > MAX_HANDLES or len(scalars) > MAX_SCALARS:
-        return None
     current = operator.attrgetter(phase1, phase2)
     functions = current(api.hot)
     destroy = api.raw.aclDestroyAclOpExecutor
-    if not all(is_c_function(f) for f in (*functions, destroy)):
+    thunk_address = _thunk_address(thunk, (*functions, destroy))
+    library = helper_library()
+    if thunk_address is None or library is None or len(handles) > MAX_HANDLES or len(scalars) > MAX_SCALARS:
         return None
-    try:
-        entry, thunk_function = library.acl_swiglu_lean_call, getattr(library, thunk)
-    except AttributeError:
-        return None
+    entry = library.acl_swiglu_lean_call
     entry.restype = ctypes.c_int64
-    address = ctypes.cast
-    record = _LeanRecord(address(thunk_function, ctypes.c_void_p).value, address(functions[0], ctypes.c_void_p).value,
-                         address(functions[1], ctypes.c_void_p).value, address(destroy, ctypes.c_void_p).value,
+    record = _LeanRecord(thunk_address, _address(functions[0]), _address(functions[1]), _address(destroy),
                          workspace_address, workspace_capacity, stream_address.value)
     for index, handle in enumerate(handles):
         record.handles[index] = None if handle is None else handle.value
-    base = ctypes.addressof(record.scalars)
-    for index, scalar in enumerate(scalars):
-        size = ctypes.sizeof(scalar)
-        if size > ctypes.sizeof(ctypes.c_uint64):
-            return None
-        ctypes.memmove(base + index * ctypes.sizeof(ctypes.c_uint64), ctypes.addressof(scalar), size)
+    if not _scalar_bytes(record.scalars, scalars):
+        return None
     return LeanCall(entry, ctypes.byref(record), record, current, functions)
+
+
+class _ArenaPhase1(ctypes.Structure):
+    """binding/arena.c's arena_phase1."""
+
+    _fields_ = [("thunk", ctypes.c_void_p), ("phase1", ctypes.c_void_p), ("slot_count", ctypes.c_uint32),
+                ("slots", ctypes.c_int32 * MAX_HANDLES), ("scalars", ctypes.c_uint64 * MAX_SCALARS)]
+
+
+class ArenaPhase1(NamedTuple):
+    """Phase 1 of one one-shot layout for the helper's acl_swiglu_arena_run, standing while
+    ``api.hot``'s phase 1 is still ``function`` (a wrapper put in its place must see each call)."""
+
+    argument: Any   # a byref of the record
+    record: _ArenaPhase1
+    api: Any
+    function: Any
+
+
+def arena_phase1(api: Any, phase1: str, thunk: Optional[str], slots: Sequence[int],
+                 scalars: Sequence[Any]) -> Optional[ArenaPhase1]:
+    """The record of a one-shot layout's phase 1 (`slots`: per operator slot, its arena index or
+    -1), or None when the helper cannot make it."""
+    function = getattr(api.hot, phase1)
+    thunk_address = _thunk_address(thunk, (function,))
+    if thunk_address is None or len(slots) > MAX_HANDLES or len(scalars) > MAX_SCALARS:
+        return None
+    record = _ArenaPhase1(thunk_address, _address(function), len(slots))
+    for index, slot in enumerate(slots):
+        record.slots[index] = slot
+    if not _scalar_bytes(record.scalars, scalars):
+        return None
+    return ArenaPhase1(ctypes.byref(record), record, api, function)

@@ -91,14 +91,15 @@ class ArenaCall(ctypes.Structure):
 
     _fields_ = [("base", ctypes.c_void_p), ("size", ctypes.c_uint64), ("workspace_offset", ctypes.c_uint64),
                 ("workspace_capacity", ctypes.c_uint64), ("step", ctypes.c_int32), ("index", ctypes.c_uint32),
-                ("slots", ctypes.c_void_p)]
+                ("slots", ctypes.c_void_p), ("executor", ctypes.c_void_p), ("workspace_size", ctypes.c_uint64)]
 
 
-# The helper's arena_step values, as the call each one names (STEP_LAUNCH: the operator's phase 2).
-_STEP_APIS = {1: "aclrtMalloc", 2: "aclrtMemcpy", 3: "aclCreateTensor", 5: "aclrtSynchronizeStream",
-              6: "aclrtMemcpy", 7: "aclDestroyTensor", 8: "aclrtFree"}
+# The helper's arena_step values, as the call each one names (STEP_PHASE1 and STEP_LAUNCH: the
+# operator's phases, which the caller names).
+_STEP_APIS = {1: "aclrtMalloc", 2: "aclrtMemcpy", 3: "aclCreateTensor", 6: "aclrtSynchronizeStream",
+              7: "aclrtMemcpy", 8: "aclDestroyTensor", 9: "aclrtFree"}
 _STEP_CREATE_TENSOR = 3   # (aclCreateTensor returned NULL: its message holds the code)
-STEP_LAUNCH = 4
+STEP_PHASE1, STEP_LAUNCH = 4, 5
 _HELPER_LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_native", "libaclswiglu_hotpath.so")
 _helper: List[Optional[ctypes.CDLL]] = []
 
@@ -123,6 +124,7 @@ class ArenaHelper(NamedTuple):
     open: Any
     finish: Any
     close: Any
+    run: Any   # open, phase 1 and finish in one (binding/arena.c)
     api: "ctypes._Pointer[_ArenaApi]"
 
     def raise_failure(self, api: Any, call: ArenaCall, status: int) -> NoReturn:
@@ -161,19 +163,20 @@ def arena_helper(api: Any, launch: str) -> Optional[ArenaHelper]:
     if library is not None and all(is_c_function(f) for f in functions):
         try:
             entries = [getattr(library, name) for name in ("acl_swiglu_arena_open", "acl_swiglu_arena_finish",
-                                                           "acl_swiglu_arena_close")]
+                                                           "acl_swiglu_arena_close", "acl_swiglu_arena_run")]
         except AttributeError:
             entries = []
         if entries:
             pointer, count = ctypes.c_void_p, ctypes.c_uint32
             argtypes = ((pointer, pointer, count, count, pointer),
                         (pointer, pointer, count, count, pointer, pointer, ctypes.c_uint64, pointer, pointer),
-                        (pointer, count, pointer, pointer))
+                        (pointer, count, pointer, pointer),
+                        (pointer, pointer, count, count, pointer, pointer, pointer))
             for entry_point, types in zip(entries, argtypes):
                 entry_point.restype = ctypes.c_int32
                 entry_point.argtypes = types
             table = _ArenaApi(*(ctypes.cast(f, ctypes.c_void_p).value for f in functions), ACL_MEM_MALLOC_HUGE_FIRST)
-            helper = ArenaHelper(entries[0], entries[1], entries[2], ctypes.pointer(table))
+            helper = ArenaHelper(entries[0], entries[1], entries[2], entries[3], ctypes.pointer(table))
     _arena_helpers[(id(api), launch)] = (api, _helper_functions(launch), functions, helper)
     return helper
 

@@ -1,13 +1,15 @@
 /*
  * A one-shot call's device side in C: the arena allocated, every input copied in and every
  * tensor made in one call (open); phase 2, the synchronisation, the copies back and every
- * release in another (finish). Both run from function pointers the Python side took from
- * whichever libraries it loaded, so a small one-shot call costs two ctypes calls around its
- * phase 1 instead of one per step. This library links to no ACL library: it only calls what
- * it is given.
+ * release in another (finish); or all of it, phase 1 too (through the operator's thunk), in one
+ * (run). They run from function pointers the Python side took from whichever libraries it
+ * loaded, so a small one-shot call costs one or two ctypes calls instead of one per step.
+ * This library links to no ACL library: it only calls what it is given.
  */
 #include <stddef.h>
 #include <stdint.h>
+
+#include "lean.h"
 
 #if defined(_WIN32)
 #define ARENA_EXPORT
@@ -24,6 +26,7 @@ typedef enum {
     STEP_MALLOC,          /* aclrtMalloc */
     STEP_COPY_IN,         /* aclrtMemcpy, host to device */
     STEP_CREATE_TENSOR,   /* aclCreateTensor */
+    STEP_PHASE1,          /* the operator's phase 1 (made here by acl_swiglu_arena_run) */
     STEP_LAUNCH,          /* the operator's phase 2 */
     STEP_SYNCHRONIZE,     /* aclrtSynchronizeStream */
     STEP_COPY_OUT,        /* aclrtMemcpy, device to host */
@@ -74,7 +77,19 @@ typedef struct {
     int32_t step;                    /* the first failure's arena_step */
     uint32_t index;                  /* the array it failed on */
     void **slots;
+    void *executor;                  /* set by acl_swiglu_arena_run when phase 1 needs more workspace */
+    uint64_t workspace_size;         /* what it needs then */
 } arena_call;
+
+/* Phase 1 of a one-shot layout, for acl_swiglu_arena_run: the operator's thunk and what it
+ * passes (the tensor of each operator slot, by arena index; the scalars' bytes). */
+typedef struct {
+    lean_phase1_thunk thunk;
+    const void *phase1;
+    uint32_t slot_count;
+    int32_t slots[LEAN_MAX_HANDLES];   /* per operator slot: its array's index, or -1 (absent) */
+    uint64_t scalars[LEAN_MAX_SCALARS];
+} arena_phase1;
 
 static void *address_in(const char *base, const arena_array *array)
 {
@@ -197,4 +212,37 @@ ARENA_EXPORT int32_t acl_swiglu_arena_close(const arena_api *api, uint32_t count
     }
     int32_t released = release(api, count, call);
     return drained != 0 ? drained : released;
+}
+
+/* The whole call: acl_swiglu_arena_open, phase 1, then acl_swiglu_arena_finish with the arena's
+ * own workspace. Returns 0 when it is done (everything released), or a failing status as they
+ * do (STEP_PHASE1: phase 1 failed, nothing to destroy). When phase 1 asks for more workspace than
+ * the arena holds it returns 0 with call->executor and call->workspace_size set and nothing
+ * launched: the caller finds a workspace and calls acl_swiglu_arena_finish itself. */
+ARENA_EXPORT int32_t acl_swiglu_arena_run(const arena_api *api, const arena_array *arrays, uint32_t count,
+                                          uint32_t first_output, arena_call *call, const arena_phase1 *phase1,
+                                          void *stream)
+{
+    int32_t status = acl_swiglu_arena_open(api, arrays, count, first_output, call);
+    if (status != 0) {
+        return status;
+    }
+    void *handles[LEAN_MAX_HANDLES] = {0};
+    void *const *tensors = call->slots + count;
+    for (uint32_t i = 0; i < phase1->slot_count && i < LEAN_MAX_HANDLES; i++) {
+        int32_t index = phase1->slots[i];
+        handles[i] = index >= 0 && (uint32_t)index < count ? tensors[index] : NULL;
+    }
+    uint64_t size = 0;
+    void *executor = NULL;
+    status = phase1->thunk(phase1->phase1, handles, phase1->scalars, &size, &executor);
+    if (status != 0) {
+        return fail(call, status, STEP_PHASE1, 0);
+    }
+    if (size > call->workspace_capacity) {
+        call->executor = executor;
+        call->workspace_size = size;
+        return 0;
+    }
+    return acl_swiglu_arena_finish(api, arrays, count, first_output, call, executor, size, NULL, stream);
 }

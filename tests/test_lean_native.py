@@ -239,3 +239,42 @@ def test_scalars_reach_phase_1_as_their_c_bytes():
             assert record.scalars[0] == np.float64(clamp).view(np.uint64)
             assert _same_bits(gx.to_numpy(), want), clamp
     _ffi.api()   # (the module stays bound)
+
+
+# ----------------------------------------------------------------------------- one-shot calls
+
+
+@pytest.mark.emulator_only
+@pytest.mark.parametrize("nth", [1, 2])   # the layout's first call (arena without workspace) and a later one
+def test_a_one_shot_phase_1_failure_in_c_names_phase_1(nth):
+    gy, x, weight, y_origin = _case(seed=33)
+    acl_swiglu.release_cached()
+    for _ in range(nth - 1):
+        acl_swiglu.swiglu_group_quant_grad(gy, x, weight, y_origin, clamp_limit=0.5)
+    before = emulator.live_counts()
+    with emulator.inject_faults(f"{PHASE1}:1:161002"):
+        with pytest.raises(errors.AclError) as info:
+            acl_swiglu.swiglu_group_quant_grad(gy, x, weight, y_origin, clamp_limit=0.5)
+    assert info.value.api == PHASE1 and info.value.code == 161002 and "injected fault" in info.value.message
+    assert emulator.live_counts() == before   # the arena, its tensors: all released
+    want = device_model.swiglu_group_quant_grad_model(gy, x, weight, y_origin, clamp_limit=0.5)
+    got = acl_swiglu.swiglu_group_quant_grad(gy, x, weight, y_origin, clamp_limit=0.5)
+    assert _same_bits(got[0], want[0]) and _same_bits(got[1], want[1])
+
+
+def test_a_wrapper_put_in_place_of_phase_1_sees_every_one_shot_call(monkeypatch):
+    gy, x, _, _ = _case(seed=34)
+    want = device_model.swiglu_group_quant_grad_model(gy, x, clamp_limit=0.5)[0]
+    acl_swiglu.swiglu_group_quant_grad(gy, x, clamp_limit=0.5)   # the layout's record exists
+    api = runtime.runtime_api()
+    real = getattr(api.hot, PHASE1)
+    seen = []
+
+    def wrapper(*args):
+        seen.append(len(args))
+        return real(*args)
+
+    monkeypatch.setattr(api.hot, PHASE1, wrapper)
+    for _ in range(2):
+        assert _same_bits(acl_swiglu.swiglu_group_quant_grad(gy, x, clamp_limit=0.5)[0], want)
+    assert seen == [10, 10]
