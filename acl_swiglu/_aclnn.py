@@ -27,8 +27,8 @@ import numpy as np
 from . import _ffi
 from ._device import DeviceArray, DeviceBuffer, Stream, default_stream
 from ._lean import NO_WORKSPACE, PHASE1_FAILED, ArenaPhase1, LeanCall, arena_phase1, lean_call, status_of
-from ._scratch import (STEP_LAUNCH, STEP_PHASE1, ArenaCall, ArenaHelper, ArenaLayout, CallScratch, arena_helper, arena_layout,
-                       helper_library, host_address)
+from ._scratch import (HOST_DATA_OFFSET, STEP_LAUNCH, STEP_PHASE1, ArenaCall, ArenaHelper, ArenaLayout, CallScratch,
+                       arena_helper, arena_layout, helper_library, host_address)
 from .errors import ArgumentError, HandleClosedError, HostMemoryError
 from .runtime import (CallGroup, Life, Owned, at_fork_in_child, close_epoch, enter, free_collected, in_forked_child,
                       leave, pin, pin_open, runtime_api, unpin, used_on)
@@ -825,8 +825,12 @@ def _one_shot_native(operator: Operator, revision: Revision, layout: _OneShotLay
     count = arena.arrays
     first_output = len(arena.inputs)
     capacity = arena.workspace[0]
-    slots = arena.slots(*[host_address(host) for host in hosts], *[host_address(result) for result in results])
-    call = ArenaCall(None, arena.size + capacity, arena.size, capacity, 0, 0, ctypes.addressof(slots))
+    if HOST_DATA_OFFSET >= 0:   # (the helper reads each array's data pointer; the lists keep them alive)
+        slots = arena.slots(*map(id, hosts), *map(id, results))
+    else:
+        slots = arena.slots(*[host_address(host) for host in hosts], *[host_address(result) for result in results])
+    call = ArenaCall(None, arena.size + capacity, arena.size, capacity, 0, 0, ctypes.addressof(slots), None, 0,
+                     HOST_DATA_OFFSET)
     phase1 = _arena_phase1_of(operator, revision, layout, api)
     description = operator.description
     if phase1 is not None:

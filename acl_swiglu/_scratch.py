@@ -15,6 +15,7 @@ import ctypes
 import math
 import operator
 import os
+import platform
 from typing import Any, Callable, Dict, List, NamedTuple, NoReturn, Optional, Sequence, Tuple
 
 import numpy as np
@@ -43,6 +44,23 @@ def _int64s(values: Tuple[int, ...]) -> "ctypes.Array[ctypes.c_int64]":
 _char_from_buffer = ctypes.c_char.from_buffer
 _address_of = ctypes.addressof
 _BYTES = np.dtype(np.uint8)
+
+
+def _probe_data_offset() -> int:
+    """Where an ndarray object holds its data pointer (NumPy's array struct: right after the
+    object header), checked on two probe arrays; -1 when it cannot be relied on. The C helper
+    then reads each host array's address itself: one id() per array instead of a buffer export."""
+    if platform.python_implementation() != "CPython":
+        return -1   # (id() is an address only there)
+    offset = object.__basicsize__
+    probe = np.zeros(16, np.uint8)
+    for array in (probe, probe[5:]):
+        if ctypes.c_void_p.from_address(id(array) + offset).value != array.ctypes.data:
+            return -1
+    return offset
+
+
+HOST_DATA_OFFSET = _probe_data_offset()
 
 
 def host_address(array: np.ndarray) -> int:
@@ -91,7 +109,8 @@ class ArenaCall(ctypes.Structure):
 
     _fields_ = [("base", ctypes.c_void_p), ("size", ctypes.c_uint64), ("workspace_offset", ctypes.c_uint64),
                 ("workspace_capacity", ctypes.c_uint64), ("step", ctypes.c_int32), ("index", ctypes.c_uint32),
-                ("slots", ctypes.c_void_p), ("executor", ctypes.c_void_p), ("workspace_size", ctypes.c_uint64)]
+                ("slots", ctypes.c_void_p), ("executor", ctypes.c_void_p), ("workspace_size", ctypes.c_uint64),
+                ("host_data_offset", ctypes.c_int64)]
 
 
 # The helper's arena_step values, as the call each one names (STEP_PHASE1 and STEP_LAUNCH: the

@@ -79,6 +79,9 @@ typedef struct {
     void **slots;
     void *executor;                  /* set by acl_swiglu_arena_run when phase 1 needs more workspace */
     uint64_t workspace_size;         /* what it needs then */
+    /* >= 0: each non-NULL host slot is an array object, whose data pointer is this many bytes in
+     * (open reads them, then sets -1); -1: the host slots are the addresses themselves. */
+    int64_t host_data_offset;
 } arena_call;
 
 /* Phase 1 of a one-shot layout, for acl_swiglu_arena_run: the operator's thunk and what it
@@ -138,6 +141,14 @@ ARENA_EXPORT int32_t acl_swiglu_arena_open(const arena_api *api, const arena_arr
                                            uint32_t first_output, arena_call *call)
 {
     void **hosts = call->slots, **tensors = call->slots + count;
+    if (call->host_data_offset >= 0) {
+        for (uint32_t i = 0; i < count; i++) {
+            if (hosts[i] != NULL) {
+                hosts[i] = *(void *const *)((const char *)hosts[i] + call->host_data_offset);
+            }
+        }
+        call->host_data_offset = -1;
+    }
     if (call->size != 0) {
         void *base = NULL;
         int status = api->malloc(&base, (size_t)call->size, api->malloc_policy);

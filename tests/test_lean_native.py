@@ -279,3 +279,50 @@ def test_a_wrapper_put_in_place_of_phase_1_sees_every_one_shot_call(monkeypatch)
     for _ in range(2):
         assert _same_bits(acl_swiglu.swiglu_group_quant_grad(gy, x, clamp_limit=0.5)[0], want)
     assert seen == [10, 10]
+
+
+def test_the_helper_reads_host_addresses_where_numpy_keeps_them():
+    """On CPython the helper takes each host array's address from the array object (one id()
+    per array): the offset it uses is checked here on arrays of every kind a call gets."""
+    import ctypes
+    import platform
+
+    import ml_dtypes
+    from acl_swiglu import _scratch
+    if platform.python_implementation() != "CPython":
+        assert _scratch.HOST_DATA_OFFSET == -1
+        return
+    offset = _scratch.HOST_DATA_OFFSET
+    assert offset == object.__basicsize__
+    base = np.arange(96, dtype=np.float32).reshape(8, 12)
+    readonly = base.copy()
+    readonly.flags.writeable = False
+    arrays = [base, base[3:, 2:], base[::2], base[::-1], readonly, np.empty((0, 4), np.float32),
+              base.astype(ml_dtypes.bfloat16), np.zeros(3, np.int64), base.T, np.ones(())]
+    for array in arrays:
+        assert ctypes.c_void_p.from_address(id(array) + offset).value == array.ctypes.data, array
+
+
+@pytest.mark.parametrize("kind", ["plain", "sliced", "readonly", "reversed", "bf16", "empty"])
+def test_one_shot_bits_with_and_without_addresses_read_in_c(monkeypatch, kind):
+    import ml_dtypes
+    gy, x, weight, y_origin = _case(rows=6, hidden=8, seed=35)
+    if kind == "sliced":
+        gy, x = np.repeat(gy, 2, axis=0)[::2], np.repeat(x, 2, axis=0)[::2]
+    elif kind == "readonly":
+        for array in (gy, x, weight, y_origin):
+            array.flags.writeable = False
+    elif kind == "reversed":
+        gy, x = gy[::-1], x[::-1]
+    elif kind == "bf16":
+        gy, x, y_origin = (a.astype(ml_dtypes.bfloat16) for a in (gy, x, y_origin))
+    elif kind == "empty":
+        gy, x, weight, y_origin = gy[:0], x[:0], weight[:0], y_origin[:0]
+    want = device_model.swiglu_group_quant_grad_model(gy, x, weight, y_origin, clamp_limit=0.5)
+    for offset in (acl_swiglu._scratch.HOST_DATA_OFFSET, -1):
+        monkeypatch.setattr(_aclnn, "HOST_DATA_OFFSET", offset)
+        for _ in range(2):
+            got = acl_swiglu.swiglu_group_quant_grad(gy, x, weight, y_origin, clamp_limit=0.5)
+            assert got[0].shape == want[0].shape and got[1].shape == want[1].shape
+            assert np.array_equal(got[0].view(np.uint8), want[0].view(np.uint8)), (kind, offset)
+            assert np.array_equal(got[1].view(np.uint8), want[1].view(np.uint8)), (kind, offset)
