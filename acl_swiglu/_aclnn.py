@@ -17,7 +17,7 @@ import re
 import threading
 import weakref
 from contextlib import ExitStack
-from operator import itemgetter
+from operator import is_, itemgetter
 from types import SimpleNamespace
 from typing import (TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, NamedTuple, Optional,
                     Sequence, Tuple)
@@ -384,14 +384,18 @@ def device_call(operator: Operator, values: Sequence[Any], stream: Optional[Stre
             stream._workspace is last.workspace:
         # The same arguments as the last lean call, and nothing closed since: still open, same
         # tensors, same layouts. Only a write on another stream can have happened meanwhile.
-        for array, bound in zip(values, last.bounds):
-            if array is not bound and (type(array) is not DeviceArray or array._bound is not bound):
-                break
-        else:
-            for array in last.inputs(values):
-                pending = array.pending
-                if pending is not None and pending is not stream:
-                    array.wait_for_writer()   # written on another stream
+        # (Bindings compare equal only as the same objects: the memo's came from DeviceArrays.)
+        try:
+            same = [array._bound for array in last.arrays(values)] == last.array_bounds
+        except AttributeError:
+            same = False   # not a DeviceArray where the last call had one
+        if same and all(map(is_, last.others(values), last.other_values)):
+            given = last.inputs(values)
+            if [array.pending for array in given] != last.idle:
+                for array in given:
+                    pending = array.pending
+                    if pending is not None and pending is not stream:
+                        array.wait_for_writer()   # written on another stream
             return _launch_grouped(operator, values, stream, last)
     bounds: List[Any] = []
     lives: List[Life] = []
@@ -422,12 +426,16 @@ def device_call(operator: Operator, values: Sequence[Any], stream: Optional[Stre
     handles = [None if b is None else b[0] for b in bounds[:slots]]
     arguments = (*handles[:inputs], *recipe.scalars, *handles[inputs:])
     given_inputs = _picker([index for index in range(inputs) if values[index] is not None])
+    array_positions = [index for index, value in enumerate(values) if type(value) is DeviceArray]
+    other_positions = [index for index, value in enumerate(values) if type(value) is not DeviceArray]
     # (the call below pins each of these and records the stream on them: a repeat can hold
     # them as one group)
     workspace = stream._workspace
     used = [*lives, stream._life] if workspace is None else [*lives, stream._life, workspace._life]
-    operator.last_call = _LastCall(epoch, revision.abi, stream._life, tuple(bounds), arguments, tuple(handles),
-                                   CallGroup(used), workspace, recipe, given_inputs, [])
+    operator.last_call = _LastCall(
+        epoch, revision.abi, stream._life, _picker(array_positions), [bounds[i] for i in array_positions],
+        _picker(other_positions), tuple(values[i] for i in other_positions), arguments, tuple(handles),
+        CallGroup(used), workspace, recipe, given_inputs, [None] * len(given_inputs(values)), [])
     return _launch_bound(operator, values, stream, epoch, recipe, arguments, lives)
 
 
@@ -449,13 +457,17 @@ class _LastCall(NamedTuple):
     epoch: int
     abi: int
     stream: Life
-    bounds: Tuple[Any, ...]     # per argument: a DeviceArray's _bound, else the value itself
+    arrays: Callable[[Sequence[Any]], Tuple[Any, ...]]   # the DeviceArray arguments, from the arguments
+    array_bounds: List[Any]     # their _bound
+    others: Callable[[Sequence[Any]], Tuple[Any, ...]]   # the other arguments (absent, or scalars)
+    other_values: Tuple[Any, ...]   # the same objects a repeat passes
     arguments: Tuple[Any, ...]  # phase 1's arguments before &workspaceSize and &executor
     handles: Tuple[Any, ...]    # its tensor arguments alone, inputs then outputs
     group: CallGroup            # what a repeat holds: the arrays, the stream and its workspace
     workspace: Optional[DeviceBuffer]   # the stream's pooled workspace at the time
     recipe: "_DeviceRecipe"
     inputs: Callable[[Sequence[Any]], Tuple[Any, ...]]   # the input arrays given, from the arguments
+    idle: List[None]            # their pending writers when none is queued: [None] * how many
     native: List[Optional[LeanCall]]   # the repeat made from C, once a repeat built it (None: not possible)
 
 

@@ -135,8 +135,7 @@ def _process_getenv() -> Callable[[bytes], Optional[bytes]]:
     os.environ writes through to. Once per call it is much cheaper than os.environ.get, which
     raises and catches two KeyErrors when the variable is unset."""
     function = ctypes.CDLL(None).getenv
-    function.restype = ctypes.c_char_p
-    function.argtypes = (ctypes.c_char_p,)
+    function.restype = ctypes.c_char_p   # (no argtypes: a bytes argument goes as its char * unconverted)
     return cast(Callable[[bytes], Optional[bytes]], function)
 
 
@@ -168,6 +167,8 @@ def call_revision() -> int:
         # (parsed as os.environ would give it; raises for a bad value, every call, caching nothing)
         value = parse_revision(ENV_ABI, None if raw is None else os.fsdecode(raw))
         _abi_setting = (raw, value)
+    if value is None and _loaded is not None:
+        return _install_revision   # (_revision_with's common case)
     return _revision_with(value)
 
 

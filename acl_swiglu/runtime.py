@@ -287,6 +287,7 @@ def _after_fork_in_child() -> None:
     global _state_lock
     _state_lock = threading.RLock()
     _inside.clear()   # (the calls of other threads are not in this process)
+    _closing[0] = 0
     _runtime.after_fork_in_child()
     _ffi._reset_after_fork()
     for hook in _fork_hooks:
@@ -406,34 +407,42 @@ class CallGroup:
     free then still waits for the streams that used it). Cheaper than pinning each: for calls
     whose handles already carry their stream (a call that pinned them recorded it)."""
 
-    __slots__ = ("lives", "users", "deferred")
+    __slots__ = ("lives", "deferred")
 
     def __init__(self, lives: Iterable[Life]) -> None:
         self.lives = tuple(lives)
-        self.users = 0
         self.deferred: Optional[List[Life]] = None   # closed while inside: freed at the last leave
 
 
-# Groups with a call inside them (guarded by _state_lock).
+# One entry per call inside a group. enter() and leave() take no lock: list.append and
+# list.remove are single steps under the GIL. A close holds _state_lock while it looks here
+# (_held_inside), and counts itself in _closing meanwhile, so that a leave() racing it waits for
+# it (see leave).
 _inside: List[CallGroup] = []
+_closing = [0]
 
 
 def enter(group: CallGroup) -> None:
-    with _state_lock:
-        if not group.users:
-            _inside.append(group)
-        group.users += 1
+    """Holds the group's handles. The caller then re-checks close_epoch: a close that found
+    nothing inside before this may have freed one of them already."""
+    _inside.append(group)
 
 
 def leave(group: CallGroup) -> None:
+    _inside.remove(group)
+    # (in this order: a close that saw this call inside either is still scanning, which
+    # _closing shows, or has finished, which group.deferred shows)
+    if _closing[0] or group.deferred is not None:
+        _settle(group)
+
+
+def _settle(group: CallGroup) -> None:
+    """Frees what was closed while calls were inside the group, once none is."""
     with _state_lock:
-        group.users -= 1
-        if group.users:
-            return
-        _inside.remove(group)
-        deferred, group.deferred = group.deferred, None
-        if not deferred:
-            return
+        deferred = group.deferred
+        if deferred is None or group in _inside:
+            return   # (nothing, or the last call inside frees it when it leaves)
+        group.deferred = None
         retired = [life for life in deferred if life.pins == 0 and not (_inside and _held_inside(life)) and
                    (life.release is not None or life.dependents)]
     for life in retired:
@@ -441,16 +450,20 @@ def leave(group: CallGroup) -> None:
 
 
 def _held_inside(life: Life) -> bool:
-    """Whether a call inside a group uses `life` (then that group frees it when the call leaves).
-    Under _state_lock."""
-    for group in _inside:
-        if life in group.lives:
-            if group.deferred is None:
-                group.deferred = [life]
-            elif life not in group.deferred:
-                group.deferred.append(life)
-            return True
-    return False
+    """Whether a call inside a group uses `life` (then that group frees it when the last call
+    leaves). Under _state_lock."""
+    _closing[0] += 1
+    try:
+        for group in tuple(_inside):
+            if life in group.lives:
+                if group.deferred is None:
+                    group.deferred = [life]
+                elif life not in group.deferred:
+                    group.deferred.append(life)
+                return True
+        return False
+    finally:
+        _closing[0] -= 1
 
 
 _Self = TypeVar("_Self", bound="Owned")

@@ -326,3 +326,85 @@ def test_one_shot_bits_with_and_without_addresses_read_in_c(monkeypatch, kind):
             assert got[0].shape == want[0].shape and got[1].shape == want[1].shape
             assert np.array_equal(got[0].view(np.uint8), want[0].view(np.uint8)), (kind, offset)
             assert np.array_equal(got[1].view(np.uint8), want[1].view(np.uint8)), (kind, offset)
+
+
+def test_call_groups_free_each_handle_once_and_never_while_a_call_uses_it():
+    """enter()/leave() take no lock. Per round: threads enter and leave one group in a loop (at
+    a hostile switch interval) while its handles are closed, each while one more call that saw
+    it open (its epoch unchanged after entering) is inside. Every handle is freed exactly once,
+    and never while that call is inside."""
+    import collections
+    import ctypes
+    import sys
+
+    counts_lock = threading.Lock()
+    in_use = collections.Counter()
+    released, violations = [], []
+
+    class Handle(runtime.Owned):
+        _kind = "test handle"
+
+        def __init__(self, key):
+            super().__init__()
+
+            def release(key=key):
+                with counts_lock:
+                    if in_use[key]:
+                        violations.append(key)
+                    released.append(key)
+                return 0
+
+            self._own(ctypes.c_void_p(key + 1), release)
+
+    runtime.runtime_api()
+    rounds, per_round = 30, 6
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for round_ in range(rounds):
+            handles = [Handle(round_ * 100 + k) for k in range(per_round)]
+            group = runtime.CallGroup(h._life for h in handles)
+            stop = threading.Event()
+
+            def churn():
+                while not stop.is_set():
+                    runtime.enter(group)
+                    runtime.leave(group)
+
+            def holder(key, inside, closed):
+                epoch = runtime.close_epoch[0]
+                runtime.enter(group)
+                try:
+                    if runtime.close_epoch[0] == epoch:   # what the real calls check
+                        with counts_lock:
+                            in_use[key] += 1
+                        inside.set()
+                        closed.wait(JOIN_TIMEOUT)
+                        with counts_lock:
+                            in_use[key] -= 1
+                    else:
+                        inside.set()
+                finally:
+                    runtime.leave(group)
+
+            churners = [threading.Thread(target=churn) for _ in range(2)]
+            for c in churners:
+                c.start()
+            for k, handle in enumerate(handles):
+                inside, closed = threading.Event(), threading.Event()
+                held = threading.Thread(target=holder, args=(round_ * 100 + k, inside, closed))
+                held.start()
+                assert inside.wait(JOIN_TIMEOUT)
+                handle.close()
+                closed.set()
+                held.join(JOIN_TIMEOUT)
+                assert not held.is_alive()
+            stop.set()
+            for c in churners:
+                c.join(JOIN_TIMEOUT)
+            assert not any(c.is_alive() for c in churners)
+    finally:
+        sys.setswitchinterval(previous)
+    assert not violations, violations[:10]
+    assert sorted(released) == sorted(r * 100 + k for r in range(rounds) for k in range(per_round))
+    assert not runtime._inside and runtime._closing == [0]
