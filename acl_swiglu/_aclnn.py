@@ -435,8 +435,17 @@ def device_call(operator: Operator, values: Sequence[Any], stream: Optional[Stre
     operator.last_call = _LastCall(
         epoch, revision.abi, stream._life, _picker(array_positions), [bounds[i] for i in array_positions],
         _picker(other_positions), tuple(values[i] for i in other_positions), arguments, tuple(handles),
-        CallGroup(used), workspace, recipe, given_inputs, [None] * len(given_inputs(values)), [])
+        CallGroup(used), workspace, recipe, given_inputs, [None] * len(given_inputs(values)),
+        _results_picker(recipe.outputs), [])
     return _launch_bound(operator, values, stream, epoch, recipe, arguments, lives)
+
+
+def _results_picker(positions: Sequence[int]) -> Callable[[Sequence[Any]], List[Any]]:
+    """values -> [values[p] for p in positions], with None where p < 0."""
+    if len(positions) > 1 and min(positions) >= 0:
+        getter = itemgetter(*positions)
+        return lambda values: list(getter(values))
+    return lambda values: [None if position < 0 else values[position] for position in positions]
 
 
 def _picker(indexes: Sequence[int]) -> Callable[[Sequence[Any]], Tuple[Any, ...]]:
@@ -468,6 +477,7 @@ class _LastCall(NamedTuple):
     recipe: "_DeviceRecipe"
     inputs: Callable[[Sequence[Any]], Tuple[Any, ...]]   # the input arrays given, from the arguments
     idle: List[None]            # their pending writers when none is queued: [None] * how many
+    results: Callable[[Sequence[Any]], List[Optional[DeviceArray]]]   # the call's outputs, from the arguments
     native: List[Optional[LeanCall]]   # the repeat made from C, once a repeat built it (None: not possible)
 
 
@@ -494,45 +504,41 @@ def _launch_bound(operator: Operator, values: Sequence[Any], stream: Stream, epo
 
 def _launch_grouped(operator: Operator, values: Sequence[Any], stream: Stream,
                     last: _LastCall) -> List[Optional[DeviceArray]]:
-    """A repeat of the last lean call: what it uses is held as one group for its length."""
+    """A repeat of the last lean call: what it uses is held as one group for its length, and
+    both phases are one call into the C helper when it can make them."""
     epoch = last.epoch
     group = last.group
     enter(group)   # a close() from another thread now waits for the end of this call
     try:
-        if close_epoch[0] != epoch:
-            # closed between the caller's check and the enter: it may be freed already
-            _check_call_open(dict(zip(operator.slot_names, values)), stream)
+        api = runtime_api()
+        native = last.native
+        if not native:
+            native.append(_lean_call_of(operator, api, last, stream))
+        lean = native[0]
+        if close_epoch[0] != epoch or lean is None or lean.current(api.hot) != lean.functions:
+            if close_epoch[0] != epoch:
+                # closed between the caller's check and the enter: it may be freed already
+                _check_call_open(dict(zip(operator.slot_names, values)), stream)
             results = _both_phases(operator, values, stream, last.recipe, last.arguments, last.workspace)
         else:
-            results = _both_phases_from_c(operator, values, stream, last)
+            result = lean.call(lean.argument)
+            if result:
+                kind, status = result >> 32, status_of(result)
+                if kind != NO_WORKSPACE:
+                    description = operator.description
+                    operator.check_status(api, status,
+                                          description.phase1 if kind == PHASE1_FAILED else description.phase2)
+                # Phase 1 wants more than the pool holds: nothing was launched.
+                if status:
+                    _ffi.drop_message(api.get_message)   # the destroy of the unused executor failed
+                results = _both_phases(operator, values, stream, last.recipe, last.arguments, last.workspace)
+            else:
+                results = last.results(values)
+                mark_written(results, stream)
     finally:
         leave(group)
     if close_epoch[0] != epoch:
         _check_call_open(dict(zip(operator.slot_names, values)), stream)
-    return results
-
-
-def _both_phases_from_c(operator: Operator, values: Sequence[Any], stream: Stream,
-                        last: _LastCall) -> List[Optional[DeviceArray]]:
-    """_both_phases as one call into the C helper, for a repeat whose workspace is open."""
-    api = runtime_api()
-    native = last.native
-    if not native:
-        native.append(_lean_call_of(operator, api, last, stream))
-    lean = native[0]
-    if lean is None or lean.current(api.hot) != lean.functions:
-        return _both_phases(operator, values, stream, last.recipe, last.arguments, last.workspace)
-    result = lean.call(lean.argument)
-    if result:
-        kind, status = result >> 32, status_of(result)
-        if kind == NO_WORKSPACE:   # (phase 1 wants more than the pool holds: nothing was launched)
-            if status:
-                _ffi.drop_message(api.get_message)   # the destroy of the unused executor failed
-            return _both_phases(operator, values, stream, last.recipe, last.arguments, last.workspace)
-        description = operator.description
-        operator.check_status(api, status, description.phase1 if kind == PHASE1_FAILED else description.phase2)
-    results = [None if position < 0 else values[position] for position in last.recipe.outputs]
-    mark_written(results, stream)
     return results
 
 
