@@ -246,6 +246,7 @@ class Plan:
         hot.synchronize = ctypes.cast(self._synchronize, ctypes.c_void_p).value
         hot.workspace, hot.workspace_size = self._workspace_ptr, self._workspace_size
         hot.executor = ctypes.cast(executor._as_parameter_, ctypes.c_void_p).value
+        self._executor_argument = ctypes.c_void_p(hot.executor)   # (for the address setters)
         hot.stream = self.stream._address.value
         functions = _hotpath()
         if functions is not None:
@@ -395,7 +396,7 @@ class Plan:
         """Phase 2 (and the synchronisation) as ctypes calls, without the C helper; returns
         what the helper's call would."""
         status: int = self._launch(ctypes.c_void_p(self._workspace_ptr), ctypes.c_uint64(self._workspace_size),
-                                   ctypes.c_void_p(self._hot.executor), self.stream._address)
+                                   self._executor_argument, self.stream._address)
         if status:
             return (_LAUNCH_FAILED << 32) | (status & 0xFFFFFFFF)
         if synchronize:
@@ -466,7 +467,7 @@ class Plan:
         ptr = array.ptr
         if ptr != self._bound[name]:
             set_address, index, tensor, api_name = self._setters[name]
-            status = set_address(ctypes.c_void_p(self._hot.executor), index, tensor, ctypes.c_void_p(ptr))
+            status = set_address(self._executor_argument, index, tensor, ctypes.c_void_p(ptr))
             if status:
                 self._operator.check_status(runtime_api(), status, api_name)
             self._bound[name] = ptr
