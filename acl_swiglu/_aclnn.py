@@ -544,10 +544,12 @@ def _launch_grouped(operator: Operator, values: Sequence[Any], stream: Stream,
 
 def _lean_call_of(operator: Operator, api: SimpleNamespace, last: _LastCall, stream: Stream) -> Optional[LeanCall]:
     workspace = last.workspace
-    handle = None if workspace is None else workspace._handle
-    if workspace is not None and handle is None:
-        return None   # (the pool's buffer was closed meanwhile: the memo is stale anyway, its epoch moved)
-    address, capacity = (None, 0) if workspace is None else (handle.value, workspace.nbytes)
+    address, capacity = None, 0
+    if workspace is not None:
+        handle = workspace._handle
+        if handle is None:
+            return None   # (the pool's buffer was closed meanwhile: the memo is stale anyway, its epoch moved)
+        address, capacity = handle.value, workspace.nbytes
     description = operator.description
     return lean_call(api, description.phase1, description.phase2, description.phase1_thunk, last.handles,
                      last.recipe.scalars, address, capacity, stream._address)
