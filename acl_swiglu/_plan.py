@@ -1,5 +1,6 @@
 """A reusable plan of any described aclnn operator: one repeatable executor for fixed layouts,
-addresses rebound per call, phase 2 (and the stream synchronisation) from a small C helper.
+addresses rebound per call, phase 2 (and the stream synchronisation) from a small C helper, which
+also makes a call with nothing to rebind whole.
 
 Lifetimes: the plan pins the arrays it is bound to, so a closed one stays allocated until the
 plan lets go of it (a rebinding, or close()) and the plan's stream has passed the work; any
@@ -124,8 +125,10 @@ class Plan:
     Built once from device arrays (their layouts are the plan's; their addresses the first
     binding). Each call rebinds only the addresses that changed (aclSetInputTensorAddr /
     aclSetOutputTensorAddr on the plan's own tensor handles) and launches phase 2 on the plan's
-    stream. Calls are serialised by a lock, so one plan may be shared between threads; a call
-    made from inside another call of the same plan (a gc callback, a finalizer) is refused.
+    stream. Calls are serialised (a call with nothing to rebind owns the plan in the C helper;
+    any other call takes the plan's lock and owns it there too), so one plan may be shared
+    between threads; a call made from inside another call of the same plan (a gc callback, a
+    finalizer) is refused.
     """
 
     _operator: Operator   # set by each operator's subclass

@@ -127,7 +127,7 @@ class SwigluGroupQuantGradPlan(_plan.Plan):
     binding). ``plan(grad_y=None, x=None, weight=None, y_origin=None, group_index=None, *,
     grad_x=None, grad_weight=None, synchronize=False)`` rebinds only the addresses that changed
     and launches phase 2 on the plan's stream, returning (grad_x, grad_weight). Calls are
-    serialised by a lock, so one plan may be shared between threads.
+    serialised, so one plan may be shared between threads.
     """
 
     _operator = _OP
