@@ -389,7 +389,7 @@ def device_call(operator: Operator, values: Sequence[Any], stream: Optional[Stre
             same = [array._bound for array in last.arrays(values)] == last.array_bounds
         except AttributeError:
             same = False   # not a DeviceArray where the last call had one
-        if same and all(map(is_, last.others(values), last.other_values)):
+        if same and last.same_others(values):
             given = last.inputs(values)
             if [array.pending for array in given] != last.idle:
                 for array in given:
@@ -434,10 +434,20 @@ def device_call(operator: Operator, values: Sequence[Any], stream: Optional[Stre
     used = [*lives, stream._life] if workspace is None else [*lives, stream._life, workspace._life]
     operator.last_call = _LastCall(
         epoch, revision.abi, stream._life, _picker(array_positions), [bounds[i] for i in array_positions],
-        _picker(other_positions), tuple(values[i] for i in other_positions), arguments, tuple(handles),
+        _same_objects(other_positions, values), arguments, tuple(handles),
         CallGroup(used), workspace, recipe, given_inputs, [None] * len(given_inputs(values)),
         _results_picker(recipe.outputs), [])
     return _launch_bound(operator, values, stream, epoch, recipe, arguments, lives)
+
+
+def _same_objects(positions: Sequence[int], values: Sequence[Any]) -> Callable[[Sequence[Any]], bool]:
+    """arguments -> whether arguments[p] is values[p] for each of `positions` (scalars compare as
+    the same objects: a value equal in another type, such as True for 1.0, is not the same call)."""
+    if len(positions) == 1:
+        index, value = positions[0], values[positions[0]]
+        return lambda arguments: arguments[index] is value
+    picker, kept = _picker(positions), tuple(values[p] for p in positions)
+    return lambda arguments: all(map(is_, picker(arguments), kept))
 
 
 def _results_picker(positions: Sequence[int]) -> Callable[[Sequence[Any]], List[Any]]:
@@ -468,8 +478,7 @@ class _LastCall(NamedTuple):
     stream: Life
     arrays: Callable[[Sequence[Any]], Tuple[Any, ...]]   # the DeviceArray arguments, from the arguments
     array_bounds: List[Any]     # their _bound
-    others: Callable[[Sequence[Any]], Tuple[Any, ...]]   # the other arguments (absent, or scalars)
-    other_values: Tuple[Any, ...]   # the same objects a repeat passes
+    same_others: Callable[[Sequence[Any]], bool]   # the other arguments (absent, or scalars) the same objects?
     arguments: Tuple[Any, ...]  # phase 1's arguments before &workspaceSize and &executor
     handles: Tuple[Any, ...]    # its tensor arguments alone, inputs then outputs
     group: CallGroup            # what a repeat holds: the arrays, the stream and its workspace
