@@ -31,7 +31,7 @@ from ._scratch import (HOST_DATA_OFFSET, STEP_LAUNCH, STEP_PHASE1, ArenaCall, Ar
                        arena_helper, arena_layout, helper_library, host_address)
 from .errors import ArgumentError, HandleClosedError, HostMemoryError
 from .runtime import (CallGroup, Life, Owned, at_fork_in_child, close_epoch, enter, free_collected, in_forked_child,
-                      leave, pin, pin_open, runtime_api, unpin, used_on)
+                      leave, pin, runtime_api, unpin, used_on)
 from .tensor import AclIntArray, tensor_for
 
 if TYPE_CHECKING:   # (for annotations only: it imports this module)
@@ -683,9 +683,19 @@ def thread_stream() -> Stream:
     free_collected()   # e.g. the streams of threads that ended
     stream = getattr(_thread_state, "stream", None)
     if stream is None or stream.closed:
-        stream = _thread_state.stream = Stream()
-        with _thread_streams_lock:
-            _thread_streams.add(stream)
+        stream = _new_thread_stream(hold=False)
+    return stream
+
+
+def _new_thread_stream(hold: bool) -> Stream:
+    """Makes this thread's stream; with `hold`, enters its group before another thread can see
+    it (release_cached() closes the streams it can see)."""
+    stream = _thread_state.stream = Stream()
+    group = _thread_state.group = CallGroup((stream._life,))   # what a one-shot call holds
+    if hold:
+        enter(group)
+    with _thread_streams_lock:
+        _thread_streams.add(stream)
     return stream
 
 
@@ -818,7 +828,7 @@ def one_shot(operator: Operator, values: Sequence[Any]) -> Dict[str, np.ndarray]
     except MemoryError:
         raise HostMemoryError(f"the result {name} has shape {shape}: it needs {math.prod(shape) * dtype.itemsize} "
                               "bytes, more than this host can allocate") from None
-    stream, own = _pinned_thread_stream()
+    stream, held = _held_thread_stream()
     try:
         api = runtime_api()
         helper = arena_helper(api, operator.description.phase2)
@@ -827,20 +837,23 @@ def one_shot(operator: Operator, values: Sequence[Any]) -> Dict[str, np.ndarray]
         else:
             _one_shot_steps(operator, revision, layout, values, results, api, stream)
     finally:
-        unpin(own)
+        leave(held)
     return {output[0]: result for output, result in zip(layout.outputs, results)}
 
 
-def _pinned_thread_stream() -> Tuple[Stream, Tuple[Life]]:
-    """The thread's one-shot stream, pinned: a release_cached() from another thread then
-    destroys it only after this call."""
-    for _ in range(16):
-        stream = thread_stream()
-        if pin_open(stream._life):
-            return stream, (stream._life,)
-        # (closed by another thread since: thread_stream() makes this thread a new one)
-    raise HandleClosedError("this thread's one-shot stream was closed by another thread at every attempt; "
-                            "call release_cached() when no call is in flight")
+def _held_thread_stream() -> Tuple[Stream, CallGroup]:
+    """The thread's one-shot stream, held (leave() the group after the call): a release_cached()
+    from another thread then destroys it only after this call."""
+    free_collected()   # e.g. the streams of threads that ended
+    stream = getattr(_thread_state, "stream", None)
+    if stream is not None and not stream.closed:
+        group = _thread_state.group
+        enter(group)
+        if not stream._life.closed:   # (after enter: a close from here on defers the destroy)
+            return stream, group
+        leave(group)   # (closed by another thread since)
+    stream = _new_thread_stream(hold=True)
+    return stream, _thread_state.group
 
 
 def _one_shot_native(operator: Operator, revision: Revision, layout: _OneShotLayout, values: Sequence[Any],

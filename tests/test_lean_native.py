@@ -408,3 +408,30 @@ def test_call_groups_free_each_handle_once_and_never_while_a_call_uses_it():
     assert not violations, violations[:10]
     assert sorted(released) == sorted(r * 100 + k for r in range(rounds) for k in range(per_round))
     assert not runtime._inside and runtime._closing == [0]
+
+
+def test_a_one_shot_stream_closed_as_soon_as_it_is_seen_lasts_the_call(monkeypatch):
+    """A thread's new one-shot stream is held before release_cached() can see it: closed at
+    that moment (as by release_cached() on another thread), it is destroyed after the call,
+    which gives the model's bits, and the next call makes another."""
+    import weakref
+    gy, x, _, _ = _case(seed=36)
+    want = device_model.swiglu_group_quant_grad_model(gy, x, clamp_limit=0.5)[0]
+    acl_swiglu.swiglu_group_quant_grad(gy, x, clamp_limit=0.5)   # the layout
+    acl_swiglu.release_cached()   # this thread has no stream now
+    closed = []
+
+    class ClosedOnSight(weakref.WeakSet):
+        def add(self, stream):
+            super().add(stream)
+            stream.close()
+            closed.append(stream)
+
+    monkeypatch.setattr(_aclnn, "_thread_streams", ClosedOnSight())
+    before = emulator.live_counts()["stream"]
+    got = acl_swiglu.swiglu_group_quant_grad(gy, x, clamp_limit=0.5)[0]
+    assert _same_bits(got, want) and len(closed) == 1
+    assert emulator.live_counts()["stream"] == before   # destroyed when the call left it
+    got = acl_swiglu.swiglu_group_quant_grad(gy, x, clamp_limit=0.5)[0]
+    assert _same_bits(got, want) and len(closed) == 2
+    assert emulator.live_counts()["stream"] == before
