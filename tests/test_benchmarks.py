@@ -1,6 +1,7 @@
 """The benchmark scripts run (in their quick form) and report every figure with its target; the
-figures themselves are for the README and the issue notes, not asserted here: this machine's
-timings are too noisy to gate CI on."""
+figures themselves are for the README, not asserted here: this machine's
+timings are too noisy to gate CI on. Slow tier: the quick run builds its C drivers and times every
+section (about 20 s on 2 cores); CI runs it as `pytest -m slow`."""
 
 import json
 import subprocess
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.allow_live_handles   # everything runs in child processes
+pytestmark = [pytest.mark.slow, pytest.mark.allow_live_handles]   # everything runs in child processes
 
 
 def test_run_py_quick_reports_every_target(tmp_path):

@@ -905,8 +905,22 @@ RUN_OP = PRELUDE + textwrap.dedent("""
 """)
 
 
+@pytest.fixture(scope="module")
+def bundled_run(tmp_path_factory):
+    """RUN_OP on the bundled emulator told ABI revision `abi`: what the emulator's copies under CANN
+    names must give bit for bit. One child per revision, shared by the tests that compare with it."""
+    cwd = tmp_path_factory.mktemp("bundled")
+    results: Dict[str, dict] = {}
+
+    def run(abi: str) -> dict:
+        if abi not in results:
+            results[abi] = run_child(RUN_OP, child_env(ACL_SWIGLU_BACKEND="emulator", ACL_SWIGLU_ABI=abi), cwd)
+        return results[abi]
+    return run
+
+
 @pytest.mark.parametrize("abi", ["2", "1"])
-def test_real_emulator_copied_into_a_fake_root_under_cann_names(tmp_path, installed, abi):
+def test_real_emulator_copied_into_a_fake_root_under_cann_names(tmp_path, installed, bundled_run, abi):
     lib64 = Path(installed["lib64"])
     root = tmp_path / "cann"
     (root / "lib64").mkdir(parents=True)
@@ -940,7 +954,7 @@ def test_real_emulator_copied_into_a_fake_root_under_cann_names(tmp_path, instal
         assert str(root / "lib64" / name) in result["maps"]
 
     # Bit for bit what the bundled emulator gives.
-    bundled = run_child(RUN_OP, child_env(ACL_SWIGLU_BACKEND="emulator", ACL_SWIGLU_ABI=abi), tmp_path)
+    bundled = bundled_run(abi)
     assert bundled["info"]["runtime"] == str(lib64 / "libascendcl.so")
     assert bundled["grad_x_bits"] == result["grad_x_bits"]
     assert bundled["grad_weight_bits"] == result["grad_weight_bits"]
@@ -970,7 +984,7 @@ def revision_1_cann(root: Path, lib64: Path) -> Path:
     return header
 
 
-def test_a_revision_1_cann_is_called_with_revision_1_without_any_setting(tmp_path, installed):
+def test_a_revision_1_cann_is_called_with_revision_1_without_any_setting(tmp_path, installed, bundled_run):
     # ACL_EMU_ABI=1 makes the emulator behave as a revision-1 CANN; the binding must find
     # revision 1 in the install's header by itself (ACL_SWIGLU_ABI unset).
     root = tmp_path / "cann-rev1"
@@ -984,7 +998,7 @@ def test_a_revision_1_cann_is_called_with_revision_1_without_any_setting(tmp_pat
     assert result["grad_x_pass"] and result["grad_weight_pass"], result["max_abs_error"]
     assert result["tail_zero"]
     # Bit for bit what the bundled emulator gives when both sides are told revision 1.
-    bundled = run_child(RUN_OP, child_env(ACL_SWIGLU_BACKEND="emulator", ACL_SWIGLU_ABI="1"), tmp_path)
+    bundled = bundled_run("1")
     assert bundled["info"]["abi"] == 1 and bundled["info"]["abi_source"] == "ACL_SWIGLU_ABI"
     assert bundled["grad_x_bits"] == result["grad_x_bits"]
     assert bundled["grad_weight_bits"] == result["grad_weight_bits"]

@@ -169,21 +169,32 @@ def test_soak_exit_status(short_soak):
     assert "soak: OK" in proc.stderr
 
 
-def test_soak_rejects_bad_arguments(tmp_path):
-    proc = run_soak(tmp_path, "--plan-calls", "-5", timeout=60)
-    assert proc.returncode == 2 and "--plan-calls must be >= 0" in proc.stderr, proc.stderr
-    proc = run_soak(tmp_path, "--one-shot-calls", "many", timeout=60)
-    assert proc.returncode == 2 and "invalid int value" in proc.stderr, proc.stderr
-
-
-def test_soak_fails_when_handles_leak_or_rss_grows(tmp_path, monkeypatch):
-    """The script's own judgement: a live count that is not back at the end, or RSS beyond
-    the bound, makes it exit 1 (run in-process on a tiny soak, with its probes faked)."""
+def import_soak():
+    """benchmarks/soak.py as a module, for the tests that call its main() in this process."""
     sys.path.insert(0, os.path.dirname(SOAK))
     try:
         import soak
     finally:
         sys.path.remove(os.path.dirname(SOAK))
+    return soak
+
+
+def test_soak_rejects_bad_arguments(capsys):
+    """In this process: a usage error is argparse's SystemExit(2), which the script's
+    `sys.exit(main())` passes on as its exit status (the fixtures above run it as a process)."""
+    soak = import_soak()
+    for argv, words in ((["--plan-calls", "-5"], "--plan-calls must be >= 0"),
+                        (["--one-shot-calls", "many"], "invalid int value")):
+        with pytest.raises(SystemExit) as exit_:
+            soak.main(argv)
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and words in err, err
+
+
+def test_soak_fails_when_handles_leak_or_rss_grows(tmp_path, monkeypatch):
+    """The script's own judgement: a live count that is not back at the end, or RSS beyond
+    the bound, makes it exit 1 (run in-process on a tiny soak, with its probes faked)."""
+    soak = import_soak()
     real_live = soak.live
     calls = {"n": 0}
 

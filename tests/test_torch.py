@@ -319,7 +319,10 @@ def _train_step(module):
     return step
 
 
-@pytest.mark.parametrize("backend,recompute", [("aot_eager", True), ("aot_eager", False), ("inductor", True)])
+# Inductor generates and compiles C++ for the forward (about 10 s on 2 cores): slow tier. The
+# aot_eager runs check the same graph capture (full graph, no recompile across T) in the default run.
+@pytest.mark.parametrize("backend,recompute", [("aot_eager", True), ("aot_eager", False),
+                                               pytest.param("inductor", True, marks=pytest.mark.slow)])
 def test_compile_fullgraph_dynamic_shapes(backend, recompute):
     from torch._dynamo.testing import CompileCounterWithBackend
     torch._dynamo.reset()
@@ -630,6 +633,7 @@ def test_npu_refuses_mixed_devices_and_private_formats():
 
 
 @pytest.mark.allow_live_handles   # it runs in a child process
+@pytest.mark.slow   # a timed benchmark run in a child process, like tests/test_benchmarks.py
 def test_torch_overhead_benchmark_reports_both_calls():
     import json
     import subprocess

@@ -1,5 +1,7 @@
 """An expert-parallel MoE step under torchrun (two ranks, gloo, one emulated device each)
-matches the same model run in one process, and each rank's ACL work ran on its own device."""
+matches the same model run in one process, and each rank's ACL work ran on its own device.
+Slow tier: three interpreters that each import torch (about 6 s on 2 cores); CI runs it as
+`pytest -m slow`."""
 
 import os
 import subprocess
@@ -17,6 +19,7 @@ import torchrun_moe  # noqa: E402
 RANKS = 2
 
 
+@pytest.mark.slow
 @pytest.mark.emulator_only
 def test_torchrun_expert_parallel_step_matches_one_process(tmp_path):
     if not torch.distributed.is_gloo_available():
