@@ -1,8 +1,10 @@
-"""Test setup: the emulator backend unless a device run is asked for, and a check after every
-test that it left no live native handle behind."""
+"""Test setup: the emulator backend unless a device run is asked for, a check after every test
+that it left no live native handle behind, and the native build of tests/test_native.py started
+as soon as the session knows it will run."""
 
 import gc
 import os
+import sys
 
 import pytest
 
@@ -21,6 +23,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_device)
         if item.get_closest_marker("emulator_only") is not None and DEVICE_RUN:
             item.add_marker(skip_emulator_only)
+
+
+def pytest_collection_finish(session):
+    """tests/test_native.py's build and ctest start now, beside the tests that run before it
+    (tests/native_build.py)."""
+    if session.config.option.collectonly:
+        return
+    if any(item.path.name == "test_native.py" for item in session.items):
+        import native_build
+        native_build.start()
+
+
+def pytest_sessionfinish(session):
+    native_build = sys.modules.get("native_build")
+    if native_build is not None:
+        native_build.stop()
 
 
 def _live_counts():

@@ -1,41 +1,48 @@
 """The emulator's C tests and the C++ sample, built with CMake and run by ctest, so that the
-one test command (pytest) covers the native side too."""
+one test command (pytest) covers the native side too. The build and ctest run as one sequence
+that the session starts early (tests/native_build.py); the tests here judge its outcome."""
 
 import os
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+import native_build
+
 pytestmark = pytest.mark.allow_live_handles   # separate processes; nothing lives in this one
 
 
+def _passed(command, returncode, stdout, stderr):
+    if returncode != 0:
+        pytest.fail(f"{' '.join(map(str, command))} failed ({returncode}):\n{stdout[-6000:]}\n{stderr[-6000:]}")
+
+
 def _run(cmd, **kwargs):
-    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, **kwargs)
-    if result.returncode != 0:
-        pytest.fail(f"{' '.join(map(str, cmd))} failed ({result.returncode}):\n{result.stdout[-6000:]}\n"
-                    f"{result.stderr[-6000:]}")
+    result = subprocess.run(cmd, cwd=native_build.ROOT, capture_output=True, text=True, **kwargs)
+    _passed(cmd, result.returncode, result.stdout, result.stderr)
     return result
 
 
-def _build(build_dir: Path, *options):
+@pytest.fixture(scope="module")
+def native_outcomes():
     if shutil.which("cmake") is None:
         pytest.fail("cmake is required to build the emulator's C tests")
-    _run(["cmake", "-S", str(ROOT), "-B", str(build_dir), *options])
-    _run(["cmake", "--build", str(build_dir), "-j", str(os.cpu_count() or 2)])
-    return build_dir
+    outcomes = native_build.outcomes()
+    for step in ("configure", "build"):
+        _passed(**outcomes[step])
+    return outcomes
 
 
 @pytest.fixture(scope="module")
-def release_build():
-    return _build(ROOT / "build" / "pytest-release", "-DCMAKE_BUILD_TYPE=Release")
+def release_build(native_outcomes):
+    return native_build.BUILD
 
 
-def test_ctest_release(release_build):
-    result = _run(["ctest", "--test-dir", str(release_build), "--output-on-failure", "-j", "2"], timeout=1800)
-    assert "100% tests passed" in result.stdout
+def test_ctest_release(native_outcomes):
+    ctest = native_outcomes["ctest"]
+    _passed(**ctest)
+    assert "100% tests passed" in ctest["stdout"]
 
 
 def test_cpp_sample_prints_the_documented_lines(release_build):

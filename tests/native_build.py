@@ -1,0 +1,97 @@
+"""The emulator's C tests and the C++ sample built with CMake and the C tests run by ctest
+(tests/test_native.py judges the outcome), as one sequence of commands in a child process.
+
+The test session starts the sequence as soon as it knows that tests/test_native.py is selected
+(tests/conftest.py), so the build and ctest run beside the Python tests collected before it
+instead of in front of its checks, which wait for the sequence to end. The commands are the same
+wherever they run, and nothing is judged before they have all finished. A sequence still running
+when the session ends (a run stopped early) is stopped with it.
+
+Run as a script, it runs the sequence and writes each command's outcome to the file it is given.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD = ROOT / "build" / "pytest-release"
+# Beside the build directory, not in it: the sequence creates that directory.
+REPORT = ROOT / "build" / "pytest-release-steps.json"
+LOG = REPORT.with_suffix(".log")
+
+
+def sequence() -> List[tuple]:
+    """(name, command, timeout in seconds or None) of each step, in order."""
+    return [
+        ("configure", ["cmake", "-S", str(ROOT), "-B", str(BUILD), "-DCMAKE_BUILD_TYPE=Release"], None),
+        ("build", ["cmake", "--build", str(BUILD), "-j", str(os.cpu_count() or 2)], None),
+        ("ctest", ["ctest", "--test-dir", str(BUILD), "--output-on-failure", "-j", "2"], 1800),
+    ]
+
+
+def _run_sequence(report: Path) -> None:
+    """Runs the steps until one fails; writes {name: outcome} for the steps that ran."""
+    outcomes: Dict[str, dict] = {}
+    for name, command, timeout in sequence():
+        try:
+            done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+            outcome = {"command": command, "returncode": done.returncode, "stdout": done.stdout,
+                       "stderr": done.stderr}
+        except (OSError, subprocess.TimeoutExpired) as error:
+            outcome = {"command": command, "returncode": None, "stdout": "", "stderr": repr(error)}
+        outcomes[name] = outcome
+        if outcome["returncode"] != 0:
+            break
+    partial = report.with_suffix(".partial")
+    partial.write_text(json.dumps(outcomes))
+    partial.replace(report)   # whole or absent: never a half-written report
+
+
+_child: Optional[subprocess.Popen] = None
+
+
+def start() -> None:
+    """Starts the sequence, once per session."""
+    global _child
+    if _child is not None:
+        return
+    REPORT.parent.mkdir(parents=True, exist_ok=True)
+    REPORT.unlink(missing_ok=True)
+    with open(LOG, "w") as log:
+        # A session of its own, so that stop() ends cmake, make and the compilers with it.
+        _child = subprocess.Popen([sys.executable, __file__, str(REPORT)], cwd=ROOT, stdin=subprocess.DEVNULL,
+                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def outcomes() -> Dict[str, dict]:
+    """Waits for the sequence (starting it when the session has not) and returns the outcome of
+    each step that ran: the steps after a failed one do not run."""
+    start()
+    assert _child is not None
+    returncode = _child.wait()
+    if returncode != 0 or not REPORT.is_file():
+        raise RuntimeError(f"{' '.join(_child.args)} exited with {returncode} without a report:\n"
+                           f"{LOG.read_text()[-6000:]}")
+    return json.loads(REPORT.read_text())
+
+
+def stop() -> None:
+    """Ends a sequence that is still running (the session ended before waiting for it)."""
+    if _child is not None and _child.poll() is None:
+        os.killpg(_child.pid, signal.SIGTERM)
+        try:
+            _child.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(_child.pid, signal.SIGKILL)
+            _child.wait()
+
+
+if __name__ == "__main__":
+    _run_sequence(Path(sys.argv[1]))
