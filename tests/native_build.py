@@ -27,13 +27,17 @@ REPORT = ROOT / "build" / "pytest-release-steps.json"
 LOG = REPORT.with_suffix(".log")
 
 
+def build_commands(build: Path, *options: str) -> List[List[str]]:
+    """Configuring the project into `build` with the CMake options given, and building it."""
+    return [["cmake", "-S", str(ROOT), "-B", str(build), *options],
+            ["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2)]]
+
+
 def sequence() -> List[tuple]:
     """(name, command, timeout in seconds or None) of each step, in order."""
-    return [
-        ("configure", ["cmake", "-S", str(ROOT), "-B", str(BUILD), "-DCMAKE_BUILD_TYPE=Release"], None),
-        ("build", ["cmake", "--build", str(BUILD), "-j", str(os.cpu_count() or 2)], None),
-        ("ctest", ["ctest", "--test-dir", str(BUILD), "--output-on-failure", "-j", "2"], 1800),
-    ]
+    configure, build = build_commands(BUILD, "-DCMAKE_BUILD_TYPE=Release")
+    return [("configure", configure, None), ("build", build, None),
+            ("ctest", ["ctest", "--test-dir", str(BUILD), "--output-on-failure", "-j", "2"], 1800)]
 
 
 def _run_sequence(report: Path) -> None:

@@ -24,10 +24,22 @@ def _run(cmd, **kwargs):
     return result
 
 
-@pytest.fixture(scope="module")
-def native_outcomes():
+def _need_cmake():
     if shutil.which("cmake") is None:
         pytest.fail("cmake is required to build the emulator's C tests")
+
+
+def _build(build_dir, *options):
+    """Builds the project into build_dir here and now (the release build is native_build's)."""
+    _need_cmake()
+    for command in native_build.build_commands(build_dir, *options):
+        _run(command)
+    return build_dir
+
+
+@pytest.fixture(scope="module")
+def native_outcomes():
+    _need_cmake()
     outcomes = native_build.outcomes()
     for step in ("configure", "build"):
         _passed(**outcomes[step])
