@@ -19,6 +19,7 @@ removed, then only what the scenario needs set. Nothing is loaded in the pytest 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -114,8 +115,28 @@ FAKE_BUILDS = {
 NOT_ELF = b"this is not a shared object\n"
 
 
+def once_per_session(make):
+    """make(tmp_path_factory), run once per test session. The modules that import a session
+    fixture from here (test_loader_trust, test_releases) each get a fixture of their own, and each
+    would build and probe everything again."""
+    made = {}
+
+    @functools.wraps(make)
+    def cached(tmp_path_factory):
+        key = id(tmp_path_factory)   # the session's factory: one object for every module
+        if key not in made:
+            made[key] = make(tmp_path_factory)
+        return made[key]
+    return cached
+
+
 @pytest.fixture(scope="session")
 def fake_libs(tmp_path_factory) -> Dict[str, Path]:
+    return _built_fake_libs(tmp_path_factory)
+
+
+@once_per_session
+def _built_fake_libs(tmp_path_factory) -> Dict[str, Path]:
     gcc = shutil.which("gcc")
     assert gcc, "gcc is required to build the fake CANN libraries for the loader tests"
     out = tmp_path_factory.mktemp("fake-libs")
@@ -275,6 +296,11 @@ def fake_paths_mapped(result: dict, base: Path):
 
 @pytest.fixture(scope="session")
 def installed(tmp_path_factory) -> dict:
+    return _found_installed(tmp_path_factory)
+
+
+@once_per_session
+def _found_installed(tmp_path_factory) -> dict:
     cwd = tmp_path_factory.mktemp("installed")
     code = PRELUDE + textwrap.dedent("""
         import acl_swiglu
