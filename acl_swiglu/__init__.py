@@ -4,8 +4,10 @@ group truncation) from Python, on a real CANN install or on the bundled CPU emul
 Importing loads nothing; the libraries are found and loaded on first use (see backend_info()).
 """
 
+from typing import TYPE_CHECKING, Any
+
 from . import emulator, reference
-from ._dtypes import bfloat16
+from ._dtypes import bfloat16_dtype
 from ._loader import BackendInfo, abi_revision, backend_info
 from .errors import (
     AclError,
@@ -32,6 +34,18 @@ from ._device import DeviceArray, DeviceBuffer, Stream, default_stream, to_devic
 from .runtime import set_device, synchronize_device
 
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    import numpy as np
+    bfloat16: np.dtype
+
+
+def __getattr__(name: str) -> Any:
+    # bfloat16 (ml_dtypes' dtype) is made on first use: importing ml_dtypes costs more than
+    # importing everything else here.
+    if name == "bfloat16":
+        return bfloat16_dtype()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "emulator", "reference",

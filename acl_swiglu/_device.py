@@ -20,7 +20,7 @@ import numpy as np
 
 from . import _ffi
 from ._checks import ADDRESS_MAX, INT64_MAX, whole_number
-from ._dtypes import allowed_dtype_text, dtype_name, is_device_dtype
+from ._dtypes import allowed_dtype_text, as_dtype, dtype_name, is_device_dtype
 from .errors import ArgumentError, HandleClosedError
 from .runtime import (Life, Owned, Release, at_fork_in_child, close_with, free_collected, in_forked_child, pin,
                       pin_open, runtime_api, unpin)
@@ -78,7 +78,7 @@ def host_element_strides(array: np.ndarray) -> Optional[Tuple[int, ...]]:
 def check_device_dtype(dtype: npt.DTypeLike, name: str = "dtype") -> np.dtype:
     """`dtype` as a NumPy dtype when device arrays can hold it (an ArgumentError otherwise)."""
     try:
-        dtype = np.dtype(dtype)
+        dtype = as_dtype(dtype)
     except TypeError:
         raise ArgumentError(f"{name} {dtype!r} is not a dtype; allowed: {allowed_dtype_text()}") from None
     if not is_device_dtype(dtype):

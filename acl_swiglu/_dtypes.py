@@ -1,11 +1,16 @@
-"""NumPy dtypes and their aclDataType values (SPEC section 2)."""
+"""NumPy dtypes and their aclDataType values (SPEC section 2).
+
+bfloat16 is ml_dtypes' dtype. ml_dtypes is imported on first need, not with the package (its
+import costs more than the rest of the package's): an array that has the dtype means whoever
+made it imported ml_dtypes already, and a dtype named "bfloat16" is checked against it only then.
+"""
 
 from __future__ import annotations
 
-from typing import Dict, Tuple, Union
+from typing import Dict, List, Optional, Tuple, Union
 
 import numpy as np
-import ml_dtypes
+import numpy.typing as npt
 
 ACL_FLOAT = 0
 ACL_FLOAT16 = 1
@@ -14,62 +19,98 @@ ACL_INT64 = 9
 ACL_BF16 = 27
 ACL_FORMAT_ND = 2
 
-bfloat16: np.dtype = np.dtype(ml_dtypes.bfloat16)
+_bfloat16: List[np.dtype] = []
+
+
+def bfloat16_dtype() -> np.dtype:
+    """ml_dtypes' bfloat16, as a NumPy dtype (imports ml_dtypes the first time)."""
+    if not _bfloat16:
+        import ml_dtypes
+        _bfloat16.append(np.dtype(ml_dtypes.bfloat16))
+    return _bfloat16[0]
+
+
+def as_dtype(value: npt.DTypeLike) -> np.dtype:
+    """numpy.dtype(value); the name "bfloat16" works before ml_dtypes is imported too (it
+    registers the name with NumPy)."""
+    try:
+        return np.dtype(value)
+    except TypeError:
+        if isinstance(value, str) and value == "bfloat16":
+            return bfloat16_dtype()
+        raise
+
+
+def is_bfloat16(dtype: np.dtype) -> bool:
+    """Whether `dtype` is ml_dtypes' bfloat16 (without importing ml_dtypes for any other dtype)."""
+    return dtype.name == "bfloat16" and dtype == bfloat16_dtype()
+
 
 # Every NumPy dtype an aclTensor can describe (aclDataType, SPEC section 2): what a device
-# array may hold. Each operator then accepts its own few.
-_TO_ACL: Dict[np.dtype, int] = {
-    np.dtype(np.float32): ACL_FLOAT,
-    np.dtype(np.float16): ACL_FLOAT16,
-    bfloat16: ACL_BF16,
-    np.dtype(np.int64): ACL_INT64,
-    np.dtype(np.int32): ACL_INT32,
-    np.dtype(np.int8): 2,
-    np.dtype(np.uint8): 4,
-    np.dtype(np.int16): 6,
-    np.dtype(np.uint16): 7,
-    np.dtype(np.uint32): 8,
-    np.dtype(np.uint64): 10,
-    np.dtype(np.float64): 11,
-    np.dtype(np.bool_): 12,
-    np.dtype(np.complex64): 16,
-    np.dtype(np.complex128): 17,
-}
+# array may hold. Each operator then accepts its own few. None stands for bfloat16.
+_ACL_CODES: Tuple[Tuple[Optional[np.dtype], int], ...] = (
+    (np.dtype(np.float32), ACL_FLOAT),
+    (np.dtype(np.float16), ACL_FLOAT16),
+    (None, ACL_BF16),
+    (np.dtype(np.int64), ACL_INT64),
+    (np.dtype(np.int32), ACL_INT32),
+    (np.dtype(np.int8), 2),
+    (np.dtype(np.uint8), 4),
+    (np.dtype(np.int16), 6),
+    (np.dtype(np.uint16), 7),
+    (np.dtype(np.uint32), 8),
+    (np.dtype(np.uint64), 10),
+    (np.dtype(np.float64), 11),
+    (np.dtype(np.bool_), 12),
+    (np.dtype(np.complex64), 16),
+    (np.dtype(np.complex128), 17),
+)
+_TO_ACL: Dict[np.dtype, int] = {dtype: code for dtype, code in _ACL_CODES if dtype is not None}
+_FLOAT_IO = (np.dtype(np.float32), np.dtype(np.float16))
 
-# Data types of gradY / x / yOrigin / gradX.
-IO_DTYPES: Tuple[np.dtype, ...] = (np.dtype(np.float32), np.dtype(np.float16), bfloat16)
+
+def is_io_dtype(dtype: np.dtype) -> bool:
+    """The data types of gradY / x / yOrigin / gradX: float32, float16, bfloat16."""
+    return dtype in _FLOAT_IO or is_bfloat16(dtype)
 
 #: What the dtype arguments accept: anything numpy.dtype() takes.
 DTypeLike = Union[np.dtype, type, str]
 
 
 def acl_dtype(dtype: DTypeLike) -> int:
-    """The aclDataType of a NumPy dtype the package uses."""
-    return _TO_ACL[np.dtype(dtype)]
+    """The aclDataType of a NumPy dtype the package uses (KeyError for another)."""
+    dtype = as_dtype(dtype)
+    code = _TO_ACL.get(dtype)
+    if code is None:
+        if not is_bfloat16(dtype):
+            raise KeyError(dtype)
+        code = ACL_BF16
+    return code
 
 
 def is_device_dtype(dtype: np.dtype) -> bool:
     """True for the dtypes an aclTensor can describe (device arrays hold only these)."""
-    return dtype in _TO_ACL and dtype.isnative
+    return (dtype in _TO_ACL or is_bfloat16(dtype)) and dtype.isnative
 
 
 def allowed_dtype_text() -> str:
-    return ", ".join(dtype_name(d) for d in _TO_ACL)
+    return ", ".join("bfloat16" if d is None else dtype_name(d) for d, _ in _ACL_CODES)
 
 
 def dtype_name(dtype: DTypeLike) -> str:
-    dtype = np.dtype(dtype)
+    dtype = as_dtype(dtype)
     if not dtype.isnative:
         return f"{dtype.name} in non-native byte order ({dtype.str!r})"
-    return "bfloat16" if dtype == bfloat16 else dtype.name
+    return dtype.name
 
 
 def parse_dtype(name_or_dtype: DTypeLike) -> np.dtype:
     """'fp32'/'float32', 'fp16'/'float16', 'bf16'/'bfloat16' or a dtype -> NumPy dtype."""
     f32, f16 = np.dtype(np.float32), np.dtype(np.float16)
-    aliases: Dict[str, np.dtype] = {"fp32": f32, "float32": f32, "fp16": f16, "float16": f16, "bf16": bfloat16, "bfloat16": bfloat16}
+    aliases: Dict[str, Optional[np.dtype]] = {"fp32": f32, "float32": f32, "fp16": f16, "float16": f16, "bf16": None,
+                                              "bfloat16": None}
     if isinstance(name_or_dtype, str):
         if name_or_dtype.lower() not in aliases:
             raise ValueError(f"unknown dtype {name_or_dtype!r}: use fp32, fp16 or bf16")
-        return aliases[name_or_dtype.lower()]
-    return np.dtype(name_or_dtype)
+        return aliases[name_or_dtype.lower()] or bfloat16_dtype()
+    return as_dtype(name_or_dtype)

@@ -10,7 +10,7 @@ from typing import Any, Dict, NamedTuple, Optional, Tuple
 import numpy as np
 
 from ._checks import INT64_MAX
-from ._dtypes import IO_DTYPES, dtype_name
+from ._dtypes import dtype_name, is_io_dtype
 from .errors import ArgumentError
 
 MAX_RANK = 8
@@ -105,7 +105,7 @@ def validate(grad_y: Any, x: Any, weight: Any, y_origin: Any, group_index: Any, 
             _require(group_index, "group_index", array_types, array_text + " (int64, 1-D) or None")
 
     dtype = grad_y.dtype
-    if dtype not in IO_DTYPES:
+    if not is_io_dtype(dtype):
         raise ArgumentError(f"grad_y has dtype {dtype_name(dtype)}; it must be float32, float16 or bfloat16")
     for name, value in (("x", x), ("y_origin", y_origin)):
         if value is not None and value.dtype != dtype:

@@ -16,9 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-import ml_dtypes
 import numpy as np
 
+from ._dtypes import as_dtype, is_bfloat16
 from ._validate import check_clamp_limit
 
 __all__ = [
@@ -32,11 +32,9 @@ __all__ = [
     "swiglu_group_quant_grad",
 ]
 
-_BF16 = np.dtype(ml_dtypes.bfloat16)
 _F16 = np.dtype(np.float16)
 _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)
-_DATA_DTYPES = (_F32, _F16, _BF16)
 _MAX_RANK = 8
 
 #: float32(88.72284): from here on the device's fp32 exp is +inf and its sigmoid e/(e+1) is NaN.
@@ -62,16 +60,16 @@ TOLERANCES = {
 # ----------------------------------------------------------------------------- validation
 
 
-def _dtype_name(dt: np.dtype) -> str:
-    return "bfloat16" if dt == _BF16 else dt.name
+def _is_data_dtype(dt: np.dtype, allow_f64: bool = False) -> bool:
+    """float32, float16, bfloat16 (and float64 when allowed)."""
+    return dt == _F32 or dt == _F16 or is_bfloat16(dt) or (allow_f64 and dt == _F64)
 
 
 def _check_data(name: str, arr: object, allow_f64: bool = False) -> np.ndarray:
     if not isinstance(arr, np.ndarray):
         raise TypeError(f"{name} must be a numpy.ndarray, got {type(arr).__name__}")
-    allowed = _DATA_DTYPES + ((_F64,) if allow_f64 else ())
-    if arr.dtype not in allowed:
-        names = ", ".join(_dtype_name(d) for d in allowed)
+    if not _is_data_dtype(arr.dtype, allow_f64):
+        names = "float32, float16, bfloat16" + (", float64" if allow_f64 else "")
         raise TypeError(f"{name} must have dtype {names}; got {arr.dtype}")
     return arr
 
@@ -411,7 +409,7 @@ def device_departures(x: np.ndarray, clamp_limit: Optional[float] = None,
         if not isinstance(weight, np.ndarray) or weight.dtype != _F32 or weight.size != rows:
             raise ValueError(f"weight must be a float32 numpy.ndarray of T = {rows} elements")
     out_dt = _F32 if x.dtype == _F64 else x.dtype
-    tol = TOLERANCES[_dtype_name(out_dt)][0]
+    tol = TOLERANCES[out_dt.name][0]
     mask = np.zeros(x.shape, dtype=bool)
     m2 = mask.reshape(rows, 2 * h)
     x2 = x.reshape(rows, 2 * h)
@@ -492,8 +490,8 @@ class Comparison:
 
 
 def _resolve_out_dtype(dtype: Any, actual: np.ndarray) -> np.dtype:
-    dt = actual.dtype if dtype is None else np.dtype(dtype)
-    if dt not in _DATA_DTYPES:
+    dt = actual.dtype if dtype is None else as_dtype(dtype)
+    if not _is_data_dtype(dt):
         raise TypeError(f"dtype must be float32, float16 or bfloat16, got {dt}")
     return dt
 
@@ -518,14 +516,14 @@ def compare(actual: np.ndarray, golden: np.ndarray, dtype: Any = None,
     if not isinstance(actual, np.ndarray):
         raise TypeError(f"actual must be a numpy.ndarray, got {type(actual).__name__}")
     golden = np.asarray(golden)
-    if golden.dtype.kind != "f" and golden.dtype != _BF16:
+    if golden.dtype.kind != "f" and not is_bfloat16(golden.dtype):
         raise TypeError(f"golden must be a floating-point array, got {golden.dtype}")
-    if actual.dtype.kind != "f" and actual.dtype != _BF16:
+    if actual.dtype.kind != "f" and not is_bfloat16(actual.dtype):
         raise TypeError(f"actual must be a floating-point array, got {actual.dtype}")
     if actual.shape != golden.shape:
         raise ValueError(f"actual and golden shapes differ: {actual.shape} vs {golden.shape}")
     out_dt = _resolve_out_dtype(dtype, actual)
-    name = _dtype_name(out_dt)
+    name = out_dt.name
     tol, allowed, th = TOLERANCES[name]
 
     a_flat = actual.reshape(-1)
