@@ -101,7 +101,7 @@ def dtype_name(dtype: DTypeLike) -> str:
     dtype = as_dtype(dtype)
     if not dtype.isnative:
         return f"{dtype.name} in non-native byte order ({dtype.str!r})"
-    return dtype.name
+    return str(dtype.name)
 
 
 def parse_dtype(name_or_dtype: DTypeLike) -> np.dtype:
