@@ -521,11 +521,13 @@ class Plan:
         try:
             if self._closed:
                 return
-            self._claim(self._call_arguments)   # a call in C on another thread ends first
-            self._closed = True
-            hot.checked_at = -1   # the next call checks, and fails
-            hot.thread = 0
-            self._release(self._call_arguments)
+            try:
+                self._claim(self._call_arguments)   # a call in C on another thread ends first
+                self._closed = True
+                hot.checked_at = -1   # the next call checks, and fails
+                hot.thread = 0
+            finally:
+                self._release(self._call_arguments)
             self._hot_call = None
             stream = self.stream
             try:

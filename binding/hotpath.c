@@ -121,11 +121,16 @@ HOTPATH_EXPORT int64_t acl_swiglu_hot_launch_synchronize(hot_plan *plan, int32_t
 
 /* Owns the plan for Python's own call (or close), waiting for a call in C to end. Whoever
  * owns it is either in C, where it cannot block, or holds the plan's Python lock, which the
- * caller holds: the wait is bounded by one launch. */
+ * caller holds: the wait is bounded by one launch. The caller holding the lock cannot own the
+ * plan already, unless an exception cut its last call short between claim and release: that
+ * stale claim is its own, and taken as made (a wait for itself would never end). */
 HOTPATH_EXPORT void acl_swiglu_hot_claim(hot_plan *plan)
 {
     uint64_t self = (uint64_t)pthread_self();
     struct timespec pause = {0, 1000};
+    if (__atomic_load_n(&plan->owner, __ATOMIC_ACQUIRE) == self) {
+        return;
+    }
     while (!try_claim(plan, self)) {
         nanosleep(&pause, NULL);
         if (pause.tv_nsec < 1000000) {

@@ -156,6 +156,27 @@ def test_an_owned_plan_is_refused_in_c_and_the_call_waits_for_its_owner(plan_set
     assert _same_bits(out.to_numpy(), want)
 
 
+def test_a_claim_left_by_an_interrupted_call_does_not_hang_the_next(plan_setup):
+    """An exception between owning the plan in C and letting it go (an interrupt in that
+    window) leaves this thread's claim behind: the next call from this thread takes it as its
+    own instead of waiting for itself, and lets it go."""
+    plan, _, _, out, want = plan_setup
+    plan(synchronize=True)
+    results = []
+
+    def stale_then_call():
+        plan._claim(plan._call_arguments)   # as if this thread's last call never let go
+        results.append(plan(synchronize=True))
+
+    caller = threading.Thread(target=stale_then_call, daemon=True)   # (daemon: a hang fails, not blocks, the run)
+    caller.start()
+    caller.join(JOIN_TIMEOUT)
+    assert not caller.is_alive(), "the call waited for its own thread's claim"
+    assert results == [(out, None)] and _same_bits(out.to_numpy(), want)
+    generation = plan._bound_outputs[0]
+    assert _kind(plan._calls[True](plan._call_arguments, generation)) != _plan._BUSY   # let go
+
+
 _LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_void_p)
 
 
