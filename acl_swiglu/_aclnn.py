@@ -30,8 +30,8 @@ from ._lean import NO_WORKSPACE, PHASE1_FAILED, ArenaPhase1, LeanCall, arena_pha
 from ._scratch import (HOST_DATA_OFFSET, STEP_LAUNCH, STEP_PHASE1, ArenaCall, ArenaHelper, ArenaLayout, CallScratch,
                        arena_helper, arena_layout, helper_library, host_address)
 from .errors import ArgumentError, HandleClosedError, HostMemoryError
-from .runtime import (CallGroup, Life, Owned, at_fork_in_child, close_epoch, enter, free_collected, in_forked_child,
-                      leave, pin, runtime_api, unpin, used_on)
+from .runtime import (CallGroup, Life, Owned, Visit, at_fork_in_child, close_epoch, enter, free_collected,
+                      in_forked_child, leave, pin, runtime_api, unpin, used_on)
 from .tensor import AclIntArray, tensor_for
 
 if TYPE_CHECKING:   # (for annotations only: it imports this module)
@@ -516,9 +516,9 @@ def _launch_grouped(operator: Operator, values: Sequence[Any], stream: Stream,
     """A repeat of the last lean call: what it uses is held as one group for its length, and
     both phases are one call into the C helper when it can make them."""
     epoch = last.epoch
-    group = last.group
-    enter(group)   # a close() from another thread now waits for the end of this call
+    visit = Visit(last.group)
     try:
+        enter(visit)   # a close() from another thread now waits for the end of this call
         api = runtime_api()
         native = last.native
         if not native:
@@ -545,7 +545,7 @@ def _launch_grouped(operator: Operator, values: Sequence[Any], stream: Stream,
                 results = last.results(values)
                 mark_written(results, stream)
     finally:
-        leave(group)
+        leave(visit)
     if close_epoch[0] != epoch:
         _check_call_open(dict(zip(operator.slot_names, values)), stream)
     return results
@@ -683,17 +683,20 @@ def thread_stream() -> Stream:
     free_collected()   # e.g. the streams of threads that ended
     stream = getattr(_thread_state, "stream", None)
     if stream is None or stream.closed:
-        stream = _new_thread_stream(hold=False)
+        stream = _new_thread_stream(None)
     return stream
 
 
-def _new_thread_stream(hold: bool) -> Stream:
-    """Makes this thread's stream; with `hold`, enters its group before another thread can see
-    it (release_cached() closes the streams it can see)."""
+def _new_thread_stream(visits: Optional[List[Visit]]) -> Stream:
+    """Makes this thread's stream; given `visits`, enters its group (recorded there for the
+    caller to leave) before another thread can see it: release_cached() closes the streams it
+    can see."""
     stream = _thread_state.stream = Stream()
     group = _thread_state.group = CallGroup((stream._life,))   # what a one-shot call holds
-    if hold:
-        enter(group)
+    if visits is not None:
+        visit = Visit(group)
+        visits.append(visit)
+        enter(visit)
     with _thread_streams_lock:
         _thread_streams.add(stream)
     return stream
@@ -828,8 +831,9 @@ def one_shot(operator: Operator, values: Sequence[Any]) -> Dict[str, np.ndarray]
     except MemoryError:
         raise HostMemoryError(f"the result {name} has shape {shape}: it needs {math.prod(shape) * dtype.itemsize} "
                               "bytes, more than this host can allocate") from None
-    stream, held = _held_thread_stream()
+    visits: List[Visit] = []   # (left in the finally, whatever happens after the first)
     try:
+        stream = _held_thread_stream(visits)
         api = runtime_api()
         helper = arena_helper(api, operator.description.phase2)
         if helper is not None:
@@ -837,23 +841,25 @@ def one_shot(operator: Operator, values: Sequence[Any]) -> Dict[str, np.ndarray]
         else:
             _one_shot_steps(operator, revision, layout, values, results, api, stream)
     finally:
-        leave(held)
+        for visit in visits:
+            leave(visit)
     return {output[0]: result for output, result in zip(layout.outputs, results)}
 
 
-def _held_thread_stream() -> Tuple[Stream, CallGroup]:
-    """The thread's one-shot stream, held (leave() the group after the call): a release_cached()
-    from another thread then destroys it only after this call."""
+def _held_thread_stream(visits: List[Visit]) -> Stream:
+    """The thread's one-shot stream, held (its visit recorded in `visits`, for the caller to
+    leave after the call): a release_cached() from another thread then destroys it only after
+    this call."""
     free_collected()   # e.g. the streams of threads that ended
-    stream = getattr(_thread_state, "stream", None)
+    stream: Optional[Stream] = getattr(_thread_state, "stream", None)
     if stream is not None and not stream.closed:
-        group = _thread_state.group
-        enter(group)
+        visit = Visit(_thread_state.group)
+        visits.append(visit)
+        enter(visit)
         if not stream._life.closed:   # (after enter: a close from here on defers the destroy)
-            return stream, group
-        leave(group)   # (closed by another thread since)
-    stream = _new_thread_stream(hold=True)
-    return stream, _thread_state.group
+            return stream
+        leave(visit)   # (closed by another thread since)
+    return _new_thread_stream(visits)
 
 
 def _one_shot_native(operator: Operator, revision: Revision, layout: _OneShotLayout, values: Sequence[Any],

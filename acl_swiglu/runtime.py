@@ -414,22 +414,37 @@ class CallGroup:
         self.deferred: Optional[List[Life]] = None   # closed while inside: freed at the last leave
 
 
-# One entry per call inside a group. enter() and leave() take no lock: list.append and
+class Visit:
+    """One call's stay in a group: made before the call's try, entered inside it, left in its
+    finally (so an exception at any point leaves nothing entered behind)."""
+
+    __slots__ = ("group",)
+
+    def __init__(self, group: CallGroup) -> None:
+        self.group = group
+
+
+# The visits of the calls inside groups. enter() and leave() take no lock: list.append and
 # list.remove are single steps under the GIL. A close holds _state_lock while it looks here
 # (_held_inside), and counts itself in _closing meanwhile, so that a leave() racing it waits for
 # it (see leave).
-_inside: List[CallGroup] = []
+_inside: List[Visit] = []
 _closing = [0]
 
 
-def enter(group: CallGroup) -> None:
+def enter(visit: Visit) -> None:
     """Holds the group's handles. The caller then re-checks close_epoch: a close that found
     nothing inside before this may have freed one of them already."""
-    _inside.append(group)
+    _inside.append(visit)
 
 
-def leave(group: CallGroup) -> None:
-    _inside.remove(group)
+def leave(visit: Visit) -> None:
+    """Ends the visit (nothing, when it was not entered)."""
+    try:
+        _inside.remove(visit)
+    except ValueError:
+        return
+    group = visit.group
     # (in this order: a close that saw this call inside either is still scanning, which
     # _closing shows, or has finished, which group.deferred shows)
     if _closing[0] or group.deferred is not None:
@@ -440,7 +455,7 @@ def _settle(group: CallGroup) -> None:
     """Frees what was closed while calls were inside the group, once none is."""
     with _state_lock:
         deferred = group.deferred
-        if deferred is None or group in _inside:
+        if deferred is None or any(visit.group is group for visit in _inside):
             return   # (nothing, or the last call inside frees it when it leaves)
         group.deferred = None
         retired = [life for life in deferred if life.pins == 0 and not (_inside and _held_inside(life)) and
@@ -454,7 +469,8 @@ def _held_inside(life: Life) -> bool:
     leaves). Under _state_lock."""
     _closing[0] += 1
     try:
-        for group in tuple(_inside):
+        for visit in tuple(_inside):
+            group = visit.group
             if life in group.lives:
                 if group.deferred is None:
                     group.deferred = [life]

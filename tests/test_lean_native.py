@@ -368,12 +368,14 @@ def test_call_groups_free_each_handle_once_and_never_while_a_call_uses_it():
 
             def churn():
                 while not stop.is_set():
-                    runtime.enter(group)
-                    runtime.leave(group)
+                    visit = runtime.Visit(group)
+                    runtime.enter(visit)
+                    runtime.leave(visit)
 
             def holder(key, inside, closed):
                 epoch = runtime.close_epoch[0]
-                runtime.enter(group)
+                visit = runtime.Visit(group)
+                runtime.enter(visit)
                 try:
                     if runtime.close_epoch[0] == epoch:   # what the real calls check
                         with counts_lock:
@@ -385,7 +387,7 @@ def test_call_groups_free_each_handle_once_and_never_while_a_call_uses_it():
                     else:
                         inside.set()
                 finally:
-                    runtime.leave(group)
+                    runtime.leave(visit)
 
             churners = [threading.Thread(target=churn) for _ in range(2)]
             for c in churners:
@@ -408,6 +410,32 @@ def test_call_groups_free_each_handle_once_and_never_while_a_call_uses_it():
     assert not violations, violations[:10]
     assert sorted(released) == sorted(r * 100 + k for r in range(rounds) for k in range(per_round))
     assert not runtime._inside and runtime._closing == [0]
+
+
+def test_a_visit_left_without_being_entered_leaves_the_others():
+    """leave() of a visit that was never entered (an exception came first) does nothing; in
+    particular it does not end another call's visit of the same group."""
+    import ctypes
+
+    released = []
+
+    class Handle(runtime.Owned):
+        _kind = "test handle"
+
+        def __init__(self):
+            super().__init__()
+            self._own(ctypes.c_void_p(1), lambda: released.append(1) or 0)
+
+    runtime.runtime_api()
+    handle = Handle()
+    group = runtime.CallGroup([handle._life])
+    inside, never = runtime.Visit(group), runtime.Visit(group)
+    runtime.enter(inside)
+    runtime.leave(never)
+    handle.close()
+    assert released == []   # still held by the visit inside
+    runtime.leave(inside)
+    assert released == [1] and not runtime._inside
 
 
 def test_a_one_shot_stream_closed_as_soon_as_it_is_seen_lasts_the_call(monkeypatch):
