@@ -31,7 +31,7 @@ from ._scratch import (HOST_DATA_OFFSET, STEP_LAUNCH, STEP_PHASE1, ArenaCall, Ar
                        arena_helper, arena_layout, helper_library, host_address)
 from .errors import ArgumentError, HandleClosedError, HostMemoryError
 from .runtime import (CallGroup, Life, Owned, Visit, at_fork_in_child, close_epoch, enter, free_collected,
-                      in_forked_child, leave, pin, runtime_api, unpin, used_on)
+                      in_forked_child, leave, pin, runtime_api, unpin, used_on, visit)
 from .tensor import AclIntArray, tensor_for
 
 if TYPE_CHECKING:   # (for annotations only: it imports this module)
@@ -516,15 +516,16 @@ def _launch_grouped(operator: Operator, values: Sequence[Any], stream: Stream,
     """A repeat of the last lean call: what it uses is held as one group for its length, and
     both phases are one call into the C helper when it can make them."""
     epoch = last.epoch
-    visit = Visit(last.group)
+    stay: Visit = [last.group]   # (runtime.visit, inlined)
     try:
-        enter(visit)   # a close() from another thread now waits for the end of this call
+        enter(stay)   # a close() from another thread now waits for the end of this call
         api = runtime_api()
         native = last.native
         if not native:
             native.append(_lean_call_of(operator, api, last, stream))
         lean = native[0]
-        if close_epoch[0] != epoch or lean is None or lean.current(api.hot) != lean.functions:
+        hot = api.hot
+        if close_epoch[0] != epoch or lean is None or (hot.rebound != lean.seen[0] and not lean.stands(hot)):
             if close_epoch[0] != epoch:
                 # closed between the caller's check and the enter: it may be freed already
                 _check_call_open(dict(zip(operator.slot_names, values)), stream)
@@ -545,7 +546,7 @@ def _launch_grouped(operator: Operator, values: Sequence[Any], stream: Stream,
                 results = last.results(values)
                 mark_written(results, stream)
     finally:
-        leave(visit)
+        leave(stay)
     if close_epoch[0] != epoch:
         _check_call_open(dict(zip(operator.slot_names, values)), stream)
     return results
@@ -694,9 +695,9 @@ def _new_thread_stream(visits: Optional[List[Visit]]) -> Stream:
     stream = _thread_state.stream = Stream()
     group = _thread_state.group = CallGroup((stream._life,))   # what a one-shot call holds
     if visits is not None:
-        visit = Visit(group)
-        visits.append(visit)
-        enter(visit)
+        stay = visit(group)
+        visits.append(stay)
+        enter(stay)
     with _thread_streams_lock:
         _thread_streams.add(stream)
     return stream
@@ -841,8 +842,8 @@ def one_shot(operator: Operator, values: Sequence[Any]) -> Dict[str, np.ndarray]
         else:
             _one_shot_steps(operator, revision, layout, values, results, api, stream)
     finally:
-        for visit in visits:
-            leave(visit)
+        for stay in visits:
+            leave(stay)
     return {output[0]: result for output, result in zip(layout.outputs, results)}
 
 
@@ -853,12 +854,12 @@ def _held_thread_stream(visits: List[Visit]) -> Stream:
     free_collected()   # e.g. the streams of threads that ended
     stream: Optional[Stream] = getattr(_thread_state, "stream", None)
     if stream is not None and not stream.closed:
-        visit = Visit(_thread_state.group)
-        visits.append(visit)
-        enter(visit)
+        stay = visit(_thread_state.group)
+        visits.append(stay)
+        enter(stay)
         if not stream._life.closed:   # (after enter: a close from here on defers the destroy)
             return stream
-        leave(visit)   # (closed by another thread since)
+        leave(stay)   # (closed by another thread since)
     return _new_thread_stream(visits)
 
 

@@ -188,9 +188,25 @@ def _bind_one(namespace: SimpleNamespace, libraries: Dict[str, ctypes.CDLL], dec
         setattr(namespace.hot, declaration.symbol, fast)
 
 
+class HotFunctions(SimpleNamespace):
+    """``api.hot``: the unprototyped functions. ``rebound`` counts every rebinding of a name in
+    it, so that a record of C function addresses (the C helper's) tells cheaply whether one of
+    them was replaced since it was made, by a wrapper for instance."""
+
+    rebound = 0
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        object.__setattr__(self, "rebound", self.rebound + 1)
+
+    def __delattr__(self, name: str) -> None:
+        object.__delattr__(self, name)
+        object.__setattr__(self, "rebound", self.rebound + 1)
+
+
 def bind_all(libs: _loader.Libraries) -> SimpleNamespace:
     """Binds every declaration; returns a namespace of checked functions with ``.raw`` and ``.hot``."""
-    bound = SimpleNamespace(raw=SimpleNamespace(), hot=SimpleNamespace(), libraries=libs)
+    bound = SimpleNamespace(raw=SimpleNamespace(), hot=HotFunctions(), libraries=libs)
     libraries = {"runtime": libs.runtime, "meta": libs.meta, "operator": libs.operator}
     bound.get_message = ctypes.CFUNCTYPE(c_char_p)(("aclGetRecentErrMsg", libs.runtime))
     bound._libraries = libraries

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import operator
-from typing import Any, Callable, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 from ._scratch import helper_library, is_c_function
 
@@ -27,13 +27,26 @@ class _LeanRecord(ctypes.Structure):
 
 class LeanCall(NamedTuple):
     """One repeated call, ready: ``call(argument)`` makes both phases. It stands only while
-    ``current(api.hot)`` is still ``functions`` (a wrapper put in their place must see each call)."""
+    ``current(api.hot)`` is still ``functions`` (a wrapper put in their place must see each
+    call); that is checked again only after api.hot was rebound (``seen``: its ``rebound`` count
+    when last checked)."""
 
     call: Callable[[Any], int]
     argument: Any              # a byref of the record
     record: _LeanRecord        # (kept alive with the argument)
     current: Callable[[Any], Tuple[Any, Any]]
     functions: Tuple[Any, Any]  # phase 1 and phase 2, as they were in api.hot
+    seen: List[int]
+
+    def stands(self, hot: Any) -> bool:
+        """Whether phase 1 and phase 2 in `hot` are still the functions the record calls."""
+        rebound = hot.rebound
+        if rebound == self.seen[0]:
+            return True
+        if self.current(hot) != self.functions:
+            return False
+        self.seen[0] = rebound
+        return True
 
 
 def status_of(result: int) -> int:
@@ -90,7 +103,7 @@ def lean_call(api: Any, phase1: str, phase2: str, thunk: Optional[str], handles:
         record.handles[index] = None if handle is None else handle.value
     if not _scalar_bytes(record.scalars, scalars):
         return None
-    return LeanCall(entry, ctypes.byref(record), record, current, functions)
+    return LeanCall(entry, ctypes.byref(record), record, current, functions, [api.hot.rebound])
 
 
 class _ArenaPhase1(ctypes.Structure):

@@ -414,37 +414,35 @@ class CallGroup:
         self.deferred: Optional[List[Life]] = None   # closed while inside: freed at the last leave
 
 
-class Visit:
-    """One call's stay in a group: made before the call's try, entered inside it, left in its
-    finally (so an exception at any point leaves nothing entered behind)."""
-
-    __slots__ = ("group",)
-
-    def __init__(self, group: CallGroup) -> None:
-        self.group = group
+# One call's stay in a group: [group], made before the call's try, entered inside it and left
+# in its finally, so that an exception at any point leaves nothing entered behind. (A list:
+# the cheapest object to make; visits are told apart by identity, their id() while alive.)
+Visit = List[CallGroup]
 
 
-# The visits of the calls inside groups. enter() and leave() take no lock: list.append and
-# list.remove are single steps under the GIL. A close holds _state_lock while it looks here
+def visit(group: CallGroup) -> Visit:
+    return [group]
+
+
+# The visits of the calls inside groups, by id(). enter() and leave() take no lock: a dict store
+# and a dict pop are single steps under the GIL. A close holds _state_lock while it looks here
 # (_held_inside), and counts itself in _closing meanwhile, so that a leave() racing it waits for
 # it (see leave).
-_inside: List[Visit] = []
+_inside: Dict[int, Visit] = {}
 _closing = [0]
 
 
-def enter(visit: Visit) -> None:
+def enter(stay: Visit) -> None:
     """Holds the group's handles. The caller then re-checks close_epoch: a close that found
     nothing inside before this may have freed one of them already."""
-    _inside.append(visit)
+    _inside[id(stay)] = stay
 
 
-def leave(visit: Visit) -> None:
+def leave(stay: Visit) -> None:
     """Ends the visit (nothing, when it was not entered)."""
-    try:
-        _inside.remove(visit)
-    except ValueError:
+    if _inside.pop(id(stay), None) is None:
         return
-    group = visit.group
+    group = stay[0]
     # (in this order: a close that saw this call inside either is still scanning, which
     # _closing shows, or has finished, which group.deferred shows)
     if _closing[0] or group.deferred is not None:
@@ -455,7 +453,7 @@ def _settle(group: CallGroup) -> None:
     """Frees what was closed while calls were inside the group, once none is."""
     with _state_lock:
         deferred = group.deferred
-        if deferred is None or any(visit.group is group for visit in _inside):
+        if deferred is None or any(stay[0] is group for stay in tuple(_inside.values())):
             return   # (nothing, or the last call inside frees it when it leaves)
         group.deferred = None
         retired = [life for life in deferred if life.pins == 0 and not (_inside and _held_inside(life)) and
@@ -469,8 +467,8 @@ def _held_inside(life: Life) -> bool:
     leaves). Under _state_lock."""
     _closing[0] += 1
     try:
-        for visit in tuple(_inside):
-            group = visit.group
+        for stay in tuple(_inside.values()):
+            group = stay[0]
             if life in group.lives:
                 if group.deferred is None:
                     group.deferred = [life]

@@ -368,13 +368,13 @@ def test_call_groups_free_each_handle_once_and_never_while_a_call_uses_it():
 
             def churn():
                 while not stop.is_set():
-                    visit = runtime.Visit(group)
+                    visit = runtime.visit(group)
                     runtime.enter(visit)
                     runtime.leave(visit)
 
             def holder(key, inside, closed):
                 epoch = runtime.close_epoch[0]
-                visit = runtime.Visit(group)
+                visit = runtime.visit(group)
                 runtime.enter(visit)
                 try:
                     if runtime.close_epoch[0] == epoch:   # what the real calls check
@@ -429,7 +429,7 @@ def test_a_visit_left_without_being_entered_leaves_the_others():
     runtime.runtime_api()
     handle = Handle()
     group = runtime.CallGroup([handle._life])
-    inside, never = runtime.Visit(group), runtime.Visit(group)
+    inside, never = runtime.visit(group), runtime.visit(group)
     runtime.enter(inside)
     runtime.leave(never)
     handle.close()
@@ -463,3 +463,26 @@ def test_a_one_shot_stream_closed_as_soon_as_it_is_seen_lasts_the_call(monkeypat
     got = acl_swiglu.swiglu_group_quant_grad(gy, x, clamp_limit=0.5)[0]
     assert _same_bits(got, want) and len(closed) == 2
     assert emulator.live_counts()["stream"] == before
+
+
+def test_a_restored_phase_1_makes_repeats_go_through_c_again(setup, monkeypatch):
+    """api.hot counts its rebindings: the record is checked again after one, and stands again
+    once the function it calls is back."""
+    call, check, _, _ = setup
+    for _ in range(3):
+        call()
+    api = runtime.runtime_api()
+    real = getattr(api.hot, PHASE1)
+    before = api.hot.rebound
+    with monkeypatch.context() as patch:
+        patch.setattr(api.hot, PHASE1, lambda *args: real(*args))
+        assert api.hot.rebound == before + 1
+        python = _Python(patch)
+        call()
+        assert python.count == 1   # wrapped: from Python
+    assert getattr(api.hot, PHASE1) is real and api.hot.rebound == before + 2
+    python = _Python(monkeypatch)
+    call()
+    call()
+    assert python.count == 0   # the record stands again
+    check()
