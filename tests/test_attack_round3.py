@@ -342,6 +342,42 @@ def test_threads_calling_and_rebinding_one_plan_while_another_closes_an_unrelate
     assert _idle_counts() == before
 
 
+@needs_helper
+def test_a_plan_rebound_to_an_overlapping_output_fails_each_call_then_recovers():
+    """grad_x rebound onto x: every launch (from Python, then from C) is refused with the
+    emulator's code; rebinding the real output back gives its bits again, from C too."""
+    gy, x = _case(rows=4, hidden=24, seed=41)
+    want = _want(gy, x)
+    with acl_swiglu.Stream() as stream, acl_swiglu.to_device(gy) as d_gy, acl_swiglu.to_device(x) as d_x, \
+            acl_swiglu.DeviceArray.empty(x.shape, np.float32) as out, \
+            acl_swiglu.SwigluGroupQuantGradPlan(d_gy, d_x, clamp_limit=1.5, grad_x=out, stream=stream) as plan:
+        plan(synchronize=True)
+        for arguments in ({"grad_x": d_x}, {}, {}):
+            with pytest.raises(acl_swiglu.AclError, match="overlaps x") as caught:
+                plan(**arguments, synchronize=True)
+            assert caught.value.code == 161002
+        assert _same_bits(d_x.to_numpy(), x)   # nothing was written into x
+        grad_x, _ = plan(grad_x=out, synchronize=True)
+        assert grad_x is out
+        out.to_numpy()
+        for _ in range(2):
+            grad_x, _ = plan()
+            assert grad_x is out and _same_bits(grad_x.to_numpy(), want)
+
+
+def test_a_plan_dropped_without_close_frees_everything_it_owned():
+    gy, x = _case(rows=4, hidden=16, seed=43)
+    before = _idle_counts()
+    with acl_swiglu.Stream() as stream, acl_swiglu.to_device(gy) as d_gy, acl_swiglu.to_device(x) as d_x:
+        plan = acl_swiglu.SwigluGroupQuantGradPlan(d_gy, d_x, clamp_limit=1.5, stream=stream)
+        grad_x, _ = plan(synchronize=True)
+        assert _same_bits(grad_x.to_numpy(), _want(gy, x))
+        plan(d_gy)   # (queued, not waited for)
+        del plan, grad_x
+        gc.collect()
+    assert _idle_counts() == before
+
+
 # ---- lean repeats of device-level calls ----
 
 def test_a_lean_repeat_with_an_equal_scalar_of_another_object_is_a_new_call():
