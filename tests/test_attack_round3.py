@@ -26,6 +26,16 @@ WAIT = 3.0           # how long a child waits for an operation that takes micros
 needs_helper = pytest.mark.skipif(_plan._hotpath() is None, reason="the installed package has no C helper")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def forget_layouts():
+    """The layouts validated here are forgotten afterwards: other modules count first calls."""
+    yield
+    operator = acl_swiglu.op.SWIGLU_GROUP_QUANT_GRAD
+    operator.device_recipes.clear()
+    operator.one_shot_layouts.clear()
+    operator.last_call = None
+
+
 def _case(rows=6, hidden=16, seed=5):
     rng = np.random.default_rng(seed)
     return (rng.standard_normal((rows, hidden)).astype(np.float32),
