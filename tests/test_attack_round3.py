@@ -18,6 +18,7 @@ import acl_swiglu
 from acl_swiglu import _plan, emulator
 
 import device_model
+from test_fastpath_attack import forget_layouts  # noqa: F401 (forgets the layouts validated here too)
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 CHILD_TIMEOUT = 60   # a safety net only: each child bounds its own waits and exits by itself
@@ -27,13 +28,24 @@ needs_helper = pytest.mark.skipif(_plan._hotpath() is None, reason="the installe
 
 
 @pytest.fixture(scope="module", autouse=True)
-def forget_layouts():
-    """The layouts validated here are forgotten afterwards: other modules count first calls."""
+def forget_the_memo(forget_layouts):
+    """With the layouts validated here, the last lean call's memo is forgotten afterwards."""
     yield
-    operator = acl_swiglu.op.SWIGLU_GROUP_QUANT_GRAD
-    operator.device_recipes.clear()
-    operator.one_shot_layouts.clear()
-    operator.last_call = None
+    acl_swiglu.op.SWIGLU_GROUP_QUANT_GRAD.last_call = None
+
+
+def _race(workers, disturb, stop):
+    """Runs `disturb` on its own thread while the workers run, then stops it (`stop` is the
+    event it watches); every thread must have ended."""
+    disturber = threading.Thread(target=disturb)
+    disturber.start()
+    for thread in workers:
+        thread.start()
+    for thread in workers:
+        thread.join(30)
+    stop.set()
+    disturber.join(30)
+    assert not any(t.is_alive() for t in workers + [disturber])
 
 
 def _case(rows=6, hidden=16, seed=5):
@@ -88,6 +100,14 @@ def _run_child(body):
             thread.join(WAIT)
             return (not thread.is_alive(), outcome[0] if outcome else None)
 
+        def interrupt_after_the_next_claim():
+            real = plan._claim
+            def interrupted_claim(argument):
+                real(argument)   # the claim is made, then the interrupt arrives (as a signal handler's would)
+                plan._claim = real
+                raise KeyboardInterrupt
+            plan._claim = interrupted_claim
+
         rng = np.random.default_rng(1)
         gy = rng.standard_normal((6, 24)).astype(np.float32)
         x = rng.standard_normal((6, 48)).astype(np.float32)
@@ -116,12 +136,7 @@ def _run_child(body):
                    "acl_swiglu_hot_claim")
 def test_an_interrupt_right_after_close_claims_the_plan_leaves_it_usable():
     result = _run_child("""
-        real = plan._claim
-        def interrupted_claim(argument):
-            real(argument)   # the claim is made, then the interrupt arrives (as a signal handler's would)
-            plan._claim = real
-            raise KeyboardInterrupt
-        plan._claim = interrupted_claim
+        interrupt_after_the_next_claim()
         try:
             plan.close()
             first = "returned"
@@ -138,12 +153,7 @@ def test_an_interrupt_right_after_close_claims_the_plan_leaves_it_usable():
 @needs_helper
 def test_an_interrupt_right_after_a_call_claims_the_plan_leaves_it_usable():
     result = _run_child("""
-        real = plan._claim
-        def interrupted_claim(argument):
-            real(argument)
-            plan._claim = real
-            raise KeyboardInterrupt
-        plan._claim = interrupted_claim
+        interrupt_after_the_next_claim()
         try:
             plan(d_gy, synchronize=True)   # (a rebinding call: made from Python, which claims)
             first = "returned"
@@ -335,16 +345,7 @@ def test_threads_calling_and_rebinding_one_plan_while_another_closes_an_unrelate
             while not stop.is_set():
                 acl_swiglu.DeviceArray.empty((4,), np.float32).close()
 
-        threads = [threading.Thread(target=caller, args=(i,)) for i in range(3)]
-        closing = threading.Thread(target=closer)
-        closing.start()
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(30)
-        stop.set()
-        closing.join(30)
-        assert not any(t.is_alive() for t in threads + [closing])
+        _race([threading.Thread(target=caller, args=(i,)) for i in range(3)], closer, stop)
         assert not errors and not wrong, (errors, wrong)
         stream.synchronize()
         for output in (out_a, out_b):
@@ -448,16 +449,7 @@ def test_lean_repeats_racing_release_cached_and_closes_of_unrelated_arrays():
                 acl_swiglu.release_cached()
                 acl_swiglu.DeviceArray.empty((8,), np.float32).close()
 
-        threads = [threading.Thread(target=repeat, args=(out,)) for out in outputs]
-        disturber = threading.Thread(target=disturb)
-        disturber.start()
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(30)
-        stop.set()
-        disturber.join(30)
-        assert not any(t.is_alive() for t in threads + [disturber])
+        _race([threading.Thread(target=repeat, args=(out,)) for out in outputs], disturb, stop)
         assert not errors, errors
         for out in outputs:
             assert _same_bits(out.to_numpy(), want)
@@ -465,21 +457,24 @@ def test_lean_repeats_racing_release_cached_and_closes_of_unrelated_arrays():
     assert _idle_counts() == before
 
 
-def _interrupted_after(monkeypatch, owner, name):
-    """owner.name behaves as before, then raises KeyboardInterrupt once: what a signal handler
-    does when the signal lands while that call runs (Python raises right after it returns)."""
-    real = getattr(owner, name)
+def _interrupt_once(monkeypatch, name, call):
+    """Makes call(), during which acl_swiglu._aclnn.<name> behaves as before and then raises
+    KeyboardInterrupt: what a signal handler does when the signal lands while that call runs
+    (Python raises right after it returns)."""
+    from acl_swiglu import _aclnn
+    real = getattr(_aclnn, name)
     calls = []
 
     def interrupted(*args):
         result = real(*args)
-        if not calls:
-            calls.append(args)
-            raise KeyboardInterrupt
-        return result
+        calls.append(args)
+        raise KeyboardInterrupt
 
-    monkeypatch.setattr(owner, name, interrupted)
-    return calls
+    monkeypatch.setattr(_aclnn, name, interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        call()
+    monkeypatch.undo()
+    assert len(calls) == 1
 
 
 def _free_stuck(group):
@@ -496,7 +491,6 @@ def _free_stuck(group):
                    "right after enter returns leaves the group in runtime._inside forever, so every later close of "
                    "the arrays, stream and workspace it holds is deferred to a leave() that never comes (a leak)")
 def test_an_interrupt_right_after_a_lean_repeat_enters_its_group_leaks_nothing(monkeypatch):
-    from acl_swiglu import _aclnn
     gy, x = _case(rows=4, hidden=20, seed=47)
     before = _idle_counts()
     with acl_swiglu.Stream() as stream:
@@ -505,11 +499,8 @@ def test_an_interrupt_right_after_a_lean_repeat_enters_its_group_leaks_nothing(m
         for _ in range(3):
             acl_swiglu.swiglu_group_quant_grad_device(d_gy, d_x, clamp_limit=1.5, grad_x=out, stream=stream)
         group = acl_swiglu.op.SWIGLU_GROUP_QUANT_GRAD.last_call.group
-        calls = _interrupted_after(monkeypatch, _aclnn, "enter")
-        with pytest.raises(KeyboardInterrupt):
-            acl_swiglu.swiglu_group_quant_grad_device(d_gy, d_x, clamp_limit=1.5, grad_x=out, stream=stream)
-        assert len(calls) == 1
-        monkeypatch.undo()
+        _interrupt_once(monkeypatch, "enter", lambda: acl_swiglu.swiglu_group_quant_grad_device(
+            d_gy, d_x, clamp_limit=1.5, grad_x=out, stream=stream))
         acl_swiglu.swiglu_group_quant_grad_device(d_gy, d_x, clamp_limit=1.5, grad_x=out, stream=stream)
         assert _same_bits(out.to_numpy(), _want(gy, x))
         for array in (d_gy, d_x, out):
@@ -528,11 +519,8 @@ def test_an_interrupt_right_after_a_one_shot_holds_its_stream_leaks_nothing(monk
     gy, x = _case(rows=4, hidden=20, seed=53)
     before = _idle_counts()
     acl_swiglu.swiglu_group_quant_grad(gy, x, clamp_limit=1.5)   # (the thread's stream exists)
-    calls = _interrupted_after(monkeypatch, _aclnn, "_held_thread_stream")
-    with pytest.raises(KeyboardInterrupt):
-        acl_swiglu.swiglu_group_quant_grad(gy, x, clamp_limit=1.5)
-    assert len(calls) == 1
-    monkeypatch.undo()
+    _interrupt_once(monkeypatch, "_held_thread_stream", lambda: acl_swiglu.swiglu_group_quant_grad(gy, x,
+                                                                                                  clamp_limit=1.5))
     group = _aclnn._thread_state.group
     try:
         assert _same_bits(acl_swiglu.swiglu_group_quant_grad(gy, x, clamp_limit=1.5)[0], _want(gy, x))
