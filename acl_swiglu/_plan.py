@@ -18,6 +18,8 @@ from threading import get_ident as _get_ident
 from types import TracebackType
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Type, TypeVar
 
+import numpy as np
+
 from . import _ffi
 from ._aclnn import Executor, Operator, check_open, note_write, start_reading, stop_reading, stream_argument
 from ._device import DeviceArray, DeviceBuffer, Stream
@@ -49,6 +51,7 @@ class _HotPath(NamedTuple):
     claim: Any
     release: Any
     launch_owned: Any        # (plan, synchronize): for the call that owns the plan
+    thread: Any              # () -> the calling thread's number (never reused, unlike its identity)
 
 
 _hotpath_function: List[Optional[_HotPath]] = []
@@ -74,7 +77,10 @@ def _hotpath() -> Optional[_HotPath]:
                 launch_owned = library.acl_swiglu_hot_launch_owned
                 launch_owned.argtypes = (ctypes.c_void_p, ctypes.c_int32)
                 launch_owned.restype = ctypes.c_int64
-                functions = _HotPath(calls, claim, release, launch_owned)
+                thread = library.acl_swiglu_hot_thread
+                thread.argtypes = ()
+                thread.restype = ctypes.c_uint64
+                functions = _HotPath(calls, claim, release, launch_owned, thread)
             except AttributeError:
                 functions = None
         _hotpath_function.append(functions)
@@ -89,25 +95,27 @@ def _nothing(_plan: object) -> None:   # claim and release, without the helper (
     return None
 
 
+def _flag(value: Any) -> bool:
+    """synchronize= as a bool: True, False, a NumPy bool, or the int 0 or 1."""
+    if isinstance(value, (bool, np.bool_)) or (type(value) is int and value in (0, 1)):
+        return bool(value)
+    raise TypeError(f"synchronize must be True or False, got {value!r}")
+
+
+def _no_thread() -> int:   # the thread's number, without the helper (no call is made in C)
+    return 0
+
+
 _plans: "weakref.WeakSet[Plan]" = weakref.WeakSet()
 _Self = TypeVar("_Self", bound="Plan")
 
 
-def _no_thread_identity() -> Any:   # stands in for threading.get_ident
-    return object()   # equal to no stored identity
-
-
 def _reset_after_fork() -> None:
-    global _get_ident
     for plan in list(_plans):
         plan._lock = threading.Lock()   # a parent thread may have been inside the plan
         plan._owner = None
         plan._hot.owner = 0
-        plan._hot.thread = 0   # no call is one crossing in the child
-    if in_forked_child():
-        # The forking thread keeps its identity in the child: make every plan call go through
-        # runtime_api() again, which refuses ACL use in this child.
-        _get_ident = _no_thread_identity
+        plan._hot.thread = 0   # no call is one crossing in the child: each goes to runtime_api(), which refuses
 
 
 at_fork_in_child(_reset_after_fork)
@@ -149,6 +157,7 @@ class Plan:
         self._claim: Any = _nothing
         self._release: Any = _nothing
         self._launch_owned: Any = self._launch_owned_from_python
+        self._this_thread: Any = _no_thread
         self._bound_outputs: Tuple[int, Tuple[Optional[DeviceArray], ...], Tuple[DeviceArray, ...]] = (0, (), ())
         self._closed = False
         self._owned_outputs: List[DeviceArray] = []
@@ -156,7 +165,6 @@ class Plan:
         self._executor: Optional[Executor] = None
         self._workspace: Optional[DeviceBuffer] = None
         self._hot_call: Optional[_HotPath] = None
-        self._last_thread: Optional[int] = None
         self._foreign_writes = False   # set when another stream writes one of the inputs
         self._arrays: Dict[str, DeviceArray] = {}
         # What the plan holds pinned, by slot (and "stream"); shared with the finalizer.
@@ -256,10 +264,12 @@ class Plan:
             self._hot_call = functions
             self._calls = functions.calls
             self._claim, self._release, self._launch_owned = functions.claim, functions.release, functions.launch_owned
+            self._this_thread = functions.thread
         else:
             self._calls = (_must_check, _must_check)
             self._claim = self._release = _nothing
             self._launch_owned = self._launch_owned_from_python
+            self._this_thread = _no_thread
 
     def _set_outputs(self) -> None:
         """The outputs calls return, under a new generation: a call that saw the old ones is
@@ -285,6 +295,8 @@ class Plan:
         is a DeviceArray, or host values for a host-values input (revision 1's group_index). The work
         is queued on the plan's stream; with synchronize=True the call also waits for it (one
         call instead of two on the hot path)."""
+        if synchronize is not True and synchronize is not False:
+            synchronize = _flag(synchronize)
         if arrays or named:
             return self._call(arrays, named, synchronize, _MUST_CHECK)
         # Nothing to rebind: one C call checks that this thread may skip the Python checks (its
@@ -305,10 +317,8 @@ class Plan:
         kind = result >> 32
         if kind == _LAUNCH_FAILED or kind == _SYNC_FAILED:
             self._raise_launch_failure(result, kind)
+        runtime_api()   # (binds this thread to a device, on its first call; refuses in a forked child)
         ident = _get_ident()
-        if ident != self._last_thread:
-            runtime_api()   # a thread's first call: bind it to a device
-            self._last_thread = ident
         lock = self._lock
         if not lock.acquire(False):
             self._acquire_contended(ident)
@@ -346,7 +356,7 @@ class Plan:
                 self._raise_launch_failure(result, result >> 32)
             if close_epoch[0] != epoch:
                 self._check_bindings()   # something was closed during the launch: this call fails
-            hot.thread = ident   # this thread's next call can be one crossing
+            hot.thread = self._this_thread()   # this thread's next call can be one crossing
             return self._bound_outputs[1:]
         finally:
             self._release(arguments)
@@ -518,6 +528,7 @@ class Plan:
         ident = _get_ident()
         if not self._lock.acquire(False):
             self._acquire_contended(ident)
+        self._owner = ident   # (a call from a gc callback during the close is refused, not a deadlock)
         try:
             if self._closed:
                 return
@@ -547,6 +558,7 @@ class Plan:
                 if self._unpin.detach() is not None:
                     _let_go(self._held, stream._life)
         finally:
+            self._owner = None
             self._lock.release()
 
     @property

@@ -11,7 +11,6 @@
  * This library links to no ACL library: it only calls what it is given.
  */
 #define _POSIX_C_SOURCE 200809L
-#include <pthread.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -44,10 +43,26 @@ typedef struct {
     void *stream;
     const int64_t *close_epoch;  /* moves at every close of any handle (written by Python) */
     int64_t checked_at;          /* the close epoch the bindings were last checked at, or -1 */
-    uint64_t thread;             /* the thread allowed the one-crossing call (pthread_self), or 0 */
+    uint64_t thread;             /* the thread allowed the one-crossing call (its this_thread()), or 0 */
     int32_t generation;          /* moves at every change of the outputs the plan returns (mod 2^31) */
-    uint64_t owner;              /* the thread (pthread_self) of the call that owns the plan, or 0 */
+    uint64_t owner;              /* the thread (this_thread()) of the call that owns the plan, or 0 */
 } hot_plan;
+
+/* A number for the calling thread, never 0 and never given to another thread of the process:
+ * unlike pthread_self(), which a new thread may get from one that ended (and that one's plan
+ * checks with it). */
+static __thread uint64_t thread_number;
+static uint64_t next_thread_number = 1;
+
+static uint64_t this_thread(void)
+{
+    uint64_t number = thread_number;
+    if (number == 0) {
+        number = __atomic_fetch_add(&next_thread_number, 1, __ATOMIC_RELAXED);
+        thread_number = number;
+    }
+    return number;
+}
 
 static int64_t result_of(int32_t kind, int32_t status)
 {
@@ -90,7 +105,7 @@ static int64_t launch_owned(hot_plan *plan, int synchronize)
 
 static int64_t call_unowned(hot_plan *plan, int32_t generation, int synchronize)
 {
-    uint64_t self = (uint64_t)pthread_self();
+    uint64_t self = this_thread();
     if (!try_claim(plan, self)) {
         return result_of(HOT_BUSY, 0);
     }
@@ -106,6 +121,12 @@ static int64_t call_unowned(hot_plan *plan, int32_t generation, int synchronize)
     }
     release(plan, self);
     return result;
+}
+
+/* The calling thread's number, for the Python side to authorise it (hot_plan.thread). */
+HOTPATH_EXPORT uint64_t acl_swiglu_hot_thread(void)
+{
+    return this_thread();
 }
 
 /* A plan call with nothing to rebind, by a caller that saw the outputs of `generation`. */
@@ -126,7 +147,7 @@ HOTPATH_EXPORT int64_t acl_swiglu_hot_launch_synchronize(hot_plan *plan, int32_t
  * stale claim is its own, and taken as made (a wait for itself would never end). */
 HOTPATH_EXPORT void acl_swiglu_hot_claim(hot_plan *plan)
 {
-    uint64_t self = (uint64_t)pthread_self();
+    uint64_t self = this_thread();
     struct timespec pause = {0, 1000};
     if (__atomic_load_n(&plan->owner, __ATOMIC_ACQUIRE) == self) {
         return;
@@ -141,7 +162,7 @@ HOTPATH_EXPORT void acl_swiglu_hot_claim(hot_plan *plan)
 
 HOTPATH_EXPORT void acl_swiglu_hot_release(hot_plan *plan)
 {
-    release(plan, (uint64_t)pthread_self());
+    release(plan, this_thread());
 }
 
 /* Phase 2 (and the synchronisation) for the Python call that owns the plan. */
