@@ -28,7 +28,7 @@ from . import _ffi
 from ._device import DeviceArray, DeviceBuffer, Stream, default_stream
 from ._lean import NO_WORKSPACE, PHASE1_FAILED, ArenaPhase1, LeanCall, arena_phase1, lean_call, status_of
 from ._scratch import (HOST_DATA_OFFSET, STEP_LAUNCH, STEP_PHASE1, ArenaCall, ArenaHelper, ArenaLayout, CallScratch,
-                       arena_helper, arena_layout, helper_library, host_address)
+                       arena_helper, arena_layout, host_address)
 from .errors import ArgumentError, HandleClosedError, HostMemoryError
 from .runtime import (CallGroup, Life, Owned, Visit, at_fork_in_child, close_epoch, enter, free_collected,
                       in_forked_child, leave, pin, runtime_api, unpin, used_on, visit)
@@ -939,7 +939,7 @@ def _arena_phase1_of(operator: Operator, revision: Revision, layout: _OneShotLay
     native = layout.native
     if not native:
         record = None
-        if not layout.host_inputs and helper_library() is not None:
+        if not layout.host_inputs:
             record = arena_phase1(api, operator.description.phase1, operator.description.phase1_thunk,
                                   layout.slots, revision.scalars(layout.problem))
         native.append(record)

@@ -66,14 +66,14 @@ def _scalar_bytes(slots: "ctypes.Array[ctypes.c_uint64]", scalars: Sequence[Any]
     return True
 
 
-def _thunk_address(thunk: Optional[str], functions: Sequence[Any]) -> Optional[int]:
-    """The operator's phase-1 thunk in the helper, when there is one and every ACL function the
-    call would make is a plain C function."""
+def _helper_entries(thunk: Optional[str], functions: Sequence[Any], *entries: str) -> Optional[Tuple[Any, ...]]:
+    """(the operator's phase-1 thunk's address, then the helper's functions named), when the
+    helper has them all and every ACL function the call would make is a plain C function."""
     library = helper_library()
     if library is None or thunk is None or not all(is_c_function(f) for f in functions):
         return None
     try:
-        return ctypes.cast(getattr(library, thunk), ctypes.c_void_p).value
+        return (_address(getattr(library, thunk)), *(getattr(library, name) for name in entries))
     except AttributeError:
         return None
 
@@ -91,11 +91,10 @@ def lean_call(api: Any, phase1: str, phase2: str, thunk: Optional[str], handles:
     current = operator.attrgetter(phase1, phase2)
     functions = current(api.hot)
     destroy = api.raw.aclDestroyAclOpExecutor
-    thunk_address = _thunk_address(thunk, (*functions, destroy))
-    library = helper_library()
-    if thunk_address is None or library is None or len(handles) > MAX_HANDLES or len(scalars) > MAX_SCALARS:
+    found = _helper_entries(thunk, (*functions, destroy), "acl_swiglu_lean_call")
+    if found is None or len(handles) > MAX_HANDLES or len(scalars) > MAX_SCALARS:
         return None
-    entry = library.acl_swiglu_lean_call
+    thunk_address, entry = found
     entry.restype = ctypes.c_int64
     record = _LeanRecord(thunk_address, _address(functions[0]), _address(functions[1]), _address(destroy),
                          workspace_address, workspace_capacity, stream_address.value)
@@ -128,9 +127,10 @@ def arena_phase1(api: Any, phase1: str, thunk: Optional[str], slots: Sequence[in
     """The record of a one-shot layout's phase 1 (`slots`: per operator slot, its arena index or
     -1), or None when the helper cannot make it."""
     function = getattr(api.hot, phase1)
-    thunk_address = _thunk_address(thunk, (function,))
-    if thunk_address is None or len(slots) > MAX_HANDLES or len(scalars) > MAX_SCALARS:
+    found = _helper_entries(thunk, (function,))
+    if found is None or len(slots) > MAX_HANDLES or len(scalars) > MAX_SCALARS:
         return None
+    thunk_address, = found
     record = _ArenaPhase1(thunk_address, _address(function), len(slots))
     for index, slot in enumerate(slots):
         record.slots[index] = slot

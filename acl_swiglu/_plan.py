@@ -22,6 +22,7 @@ import numpy as np
 
 from . import _ffi
 from ._aclnn import Executor, Operator, check_open, note_write, start_reading, stop_reading, stream_argument
+from ._lean import status_of
 from ._device import DeviceArray, DeviceBuffer, Stream
 from ._scratch import helper_library
 from .errors import ArgumentError, HandleClosedError
@@ -140,6 +141,12 @@ class Plan:
     """
 
     _operator: Operator   # set by each operator's subclass
+    # The calls a plan makes: the C helper's, or the same from Python (_use_python_calls).
+    _calls: Tuple[Any, Any]   # (launch, launch + synchronize) with nothing to rebind
+    _claim: Any
+    _release: Any
+    _launch_owned: Any
+    _this_thread: Any
 
     def __init__(self, arguments: Dict[str, Any], stream: Optional[Stream]) -> None:
         operator = self._operator
@@ -153,11 +160,7 @@ class Plan:
         # bindings were last checked at (-1: check before the next launch).
         self._hot = _HotPlan(close_epoch=ctypes.addressof(close_epoch), checked_at=-1)
         self._call_arguments = ctypes.byref(self._hot)
-        self._calls: Tuple[Any, Any] = (_must_check, _must_check)   # (until the launch is set up)
-        self._claim: Any = _nothing
-        self._release: Any = _nothing
-        self._launch_owned: Any = self._launch_owned_from_python
-        self._this_thread: Any = _no_thread
+        self._use_python_calls()   # (until the launch is set up)
         self._bound_outputs: Tuple[int, Tuple[Optional[DeviceArray], ...], Tuple[DeviceArray, ...]] = (0, (), ())
         self._closed = False
         self._owned_outputs: List[DeviceArray] = []
@@ -266,10 +269,14 @@ class Plan:
             self._claim, self._release, self._launch_owned = functions.claim, functions.release, functions.launch_owned
             self._this_thread = functions.thread
         else:
-            self._calls = (_must_check, _must_check)
-            self._claim = self._release = _nothing
-            self._launch_owned = self._launch_owned_from_python
-            self._this_thread = _no_thread
+            self._use_python_calls()
+
+    def _use_python_calls(self) -> None:
+        """Every call from Python, its ACL calls through ctypes (without the C helper)."""
+        self._calls = (_must_check, _must_check)
+        self._claim = self._release = _nothing
+        self._launch_owned = self._launch_owned_from_python
+        self._this_thread = _no_thread
 
     def _set_outputs(self) -> None:
         """The outputs calls return, under a new generation: a call that saw the old ones is
@@ -460,7 +467,7 @@ class Plan:
             self._regroup(host_values)
 
     def _raise_launch_failure(self, result: int, kind: int) -> None:
-        status = ctypes.c_int32(result & 0xFFFFFFFF).value
+        status = status_of(result)
         api = runtime_api()
         if kind == _LAUNCH_FAILED:
             self._operator.check_status(api, status, self._operator.description.phase2)

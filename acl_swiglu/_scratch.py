@@ -163,6 +163,8 @@ _C_FUNCTION: type = getattr(ctypes, "_CFuncPtr")
 def is_c_function(function: Any) -> bool:
     """Whether `function` is a plain ctypes foreign function (not a wrapper in its place)."""
     return isinstance(function, _C_FUNCTION)
+
+
 _arena_helpers: Dict[Tuple[int, str], Tuple[Any, Callable[[Any], Tuple[Any, ...]], Tuple[Any, ...],
                                              Optional[ArenaHelper]]] = {}
 

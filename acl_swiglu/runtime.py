@@ -89,12 +89,6 @@ class _Runtime:
             raise ConfigurationError(f"{ENV_DEVICE_ID}={text!r} is not a device id (a whole number)") from None
         return whole_number(value, ENV_DEVICE_ID, 0, INT32_MAX, ConfigurationError)
 
-    def api(self) -> SimpleNamespace:
-        """The C API, with ACL initialised and this thread on a device."""
-        if getattr(self.local, "generation", -1) != self.generation:
-            self._bind_thread()
-        return _ffi.api()
-
     def _bind_thread(self) -> None:
         api = _ffi.api()
         with self.lock:
@@ -138,7 +132,7 @@ class _Runtime:
         if not self.initialized:
             return
         try:
-            api = self.api()
+            api = runtime_api()
             if self.local.device != device:   # an explicit choice also moves an adopted thread
                 api.aclrtSetDevice(device)
             self.local.device, self.local.adopted = device, False
@@ -222,7 +216,7 @@ class _Runtime:
             return   # a forked child must not touch the parent's device state
         if self.initialized and not self.shut_down:
             try:
-                self.api()
+                runtime_api()
                 self.bury()
             except Exception:   # exit must finish
                 pass
@@ -305,7 +299,7 @@ def in_forked_child() -> bool:
 
 def runtime_api() -> SimpleNamespace:
     """The C API on this thread, initialising ACL and binding a device as needed."""
-    runtime = _runtime   # (_Runtime.api, inlined: every call path starts here)
+    runtime = _runtime
     if getattr(runtime.local, "generation", -1) != runtime.generation:
         runtime._bind_thread()
     return _ffi._api or _ffi.api()
@@ -320,7 +314,7 @@ def set_device(device_id: int) -> None:
 def free_collected() -> None:
     """Frees handles whose owners were garbage-collected on threads without a device."""
     if _runtime.graveyard:
-        _runtime.api()
+        runtime_api()
         _runtime.bury()
 
 
