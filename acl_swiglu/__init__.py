@@ -16,6 +16,7 @@ from .errors import (
     AclResourceError,
     AclRuntimeFailure,
     AclSwigluError,
+    AclSwigluWarning,
     ArgumentError,
     ConfigurationError,
     HandleClosedError,
@@ -49,7 +50,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "emulator", "reference",
-    "AclError", "AclInternalError", "AclParameterError", "AclResourceError", "AclRuntimeFailure", "AclSwigluError",
+    "AclError", "AclInternalError", "AclParameterError", "AclResourceError", "AclRuntimeFailure", "AclSwigluError", "AclSwigluWarning",
     "ArgumentError", "BackendInfo", "ConfigurationError", "DeviceArray", "DeviceBuffer", "Executor",
     "HandleClosedError", "HostMemoryError", "LibraryNotFoundError", "Stream", "SwigluGroupQuantGradPlan", "abi_revision",
     "backend_info", "bfloat16", "default_stream", "get_workspace_size", "release_cached", "set_device", "swiglu_group_quant_grad",

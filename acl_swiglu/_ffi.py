@@ -22,6 +22,13 @@ from . import _loader
 from .errors import AclError, error_class
 
 
+class aclCANNPackageVersion(ctypes.Structure):
+    """aclsysGetCANNVersion's out-parameter (acl.h)."""
+
+    _fields_ = [("version", ctypes.c_char * 128), ("major", ctypes.c_char * 64), ("minor", ctypes.c_char * 64),
+                ("release", ctypes.c_char * 64), ("patch", ctypes.c_char * 64), ("reserved", ctypes.c_char * 128)]
+
+
 def _opaque(name: str) -> Type["ctypes._Pointer[Any]"]:
     return POINTER(type(name, (ctypes.Structure,), {}))
 
@@ -72,6 +79,11 @@ DECLARATIONS = (
       STATUS),
     D("runtime", "aclrtMemset", aclError, (c_void_p, c_size_t, c_int32, c_size_t), STATUS),
     D("runtime", "aclGetRecentErrMsg", c_char_p, (), PLAIN),
+    # Questions to the install and the device; older runtimes lack them (then the answers come
+    # from files, or a guard assumes the largest device of the family).
+    D("runtime", "aclsysGetCANNVersion", aclError, (c_int, POINTER(aclCANNPackageVersion)), STATUS, optional=True),
+    D("runtime", "aclGetDeviceCapability", aclError, (c_uint32, c_int, POINTER(c_int64)), STATUS, optional=True),
+    D("runtime", "aclrtGetDeviceInfo", aclError, (c_uint32, c_int, POINTER(c_int64)), STATUS, optional=True),
     D("meta", "aclCreateTensor", aclTensor_p,
       (POINTER(c_int64), c_uint64, c_int, POINTER(c_int64), c_int64, c_int, POINTER(c_int64), c_uint64, c_void_p),
       HANDLE),

@@ -7,6 +7,7 @@ from typing import Dict, Tuple, Type
 
 __all__ = [
     "AclSwigluError",
+    "AclSwigluWarning",
     "ArgumentError",
     "ConfigurationError",
     "LibraryNotFoundError",
@@ -25,6 +26,10 @@ __all__ = [
 
 class AclSwigluError(Exception):
     """Base of every exception this package raises on purpose."""
+
+
+class AclSwigluWarning(RuntimeWarning):
+    """Base of every warning this package gives (filter it with ``-W ignore::acl_swiglu.AclSwigluWarning``)."""
 
 
 class ArgumentError(AclSwigluError, ValueError):
