@@ -1,64 +1,45 @@
 """The device data model: streams, device memory, and device arrays (memory with a shape, dtype,
 element strides and offset), plus the layout arithmetic they share with one-shot calls.
 
-Reads wait for writers: a launch records on each output the stream it queued the write on
-(``pending``), and ``to_numpy`` waits for that stream first, even when the Stream wrapper was
-closed since. Device memory is never freed under queued work (see runtime.Life).
+Every device array keeps an access record: the stream its last queued write went to and the
+streams that queued reads of it since. A read waits for the writer on another stream; a write
+waits for the writer and for every reader on another stream; a host read (``to_numpy``) waits
+for the writer, a host write (``copy_from``) for the writer and every reader. Device memory is
+never freed under queued work (runtime.Life).
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import itertools
 import math
-import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
+import numpy.typing as npt
 
 from . import _ffi
 from ._checks import ADDRESS_MAX, INT64_MAX, whole_number
 from ._dtypes import allowed_dtype_text, as_dtype, dtype_name, is_device_dtype
 from .errors import ArgumentError, HandleClosedError
-from .runtime import (Life, Owned, Release, at_fork_in_child, close_with, free_collected, in_forked_child, pin,
-                      pin_open, runtime_api, unpin)
-
-if TYPE_CHECKING:   # (for annotations only: both import this module)
-    import numpy.typing as npt
-
-    from ._plan import Plan
-    from .tensor import AclTensor
+from .runtime import Destroy, Life, Owned, Use, current_device, free_collected, in_forked_child, runtime_api, state
 
 ACL_MEM_MALLOC_HUGE_FIRST = 0
 MEMCPY_HOST_TO_DEVICE = 1
 MEMCPY_DEVICE_TO_HOST = 2
-MEMCPY_DEVICE_TO_DEVICE = 3
 MAX_ALLOCATION = INT64_MAX   # size_t on the device side; larger sizes would wrap in C
-
-_Result = TypeVar("_Result")
 
 
 # ---- layout arithmetic ----
 
-_strides_cache: Dict[Tuple[int, ...], Tuple[int, ...]] = {}
-
 
 def contiguous_strides(shape: Sequence[int]) -> Tuple[int, ...]:
     """Row-major element strides of `shape` (a zero dim counts as 1, as CANN does)."""
-    shape = tuple(shape)
-    strides = _strides_cache.get(shape)
-    if strides is None:
-        out, step = [], 1
-        for dim in reversed(shape):
-            out.append(step)
-            step *= max(int(dim), 1)
-        strides = tuple(reversed(out))
-        if len(_strides_cache) > 4096:
-            _strides_cache.clear()
-        _strides_cache[shape] = strides
-    return strides
+    out, step = [], 1
+    for dim in reversed(shape):
+        out.append(step)
+        step *= max(int(dim), 1)
+    return tuple(reversed(out))
 
 
 def element_span(shape: Sequence[int], strides: Sequence[int]) -> int:
@@ -89,96 +70,75 @@ def check_device_dtype(dtype: npt.DTypeLike, name: str = "dtype") -> np.dtype:
 # ---- streams ----
 
 
-class _StreamLife(Life):
-    """A stream's life: waiting for its queued work still works after a borrowed wrapper was
+class StreamLife(Life):
+    """A stream's life: waiting for its queued work works also after a borrowed wrapper was
     closed (the stream itself lives on); a destroyed stream has completed its work."""
 
-    __slots__ = ("address", "destroyed", "guard")
+    __slots__ = ("address", "owned", "device", "wrapper")
 
-    def __init__(self, release: Optional[Release], address: ctypes.c_void_p) -> None:
-        super().__init__(release)
-        self.address = address
-        self.destroyed = False
-        # Held by each wait and by the destroy: a close() from another thread destroys the stream
-        # after a wait in progress, and a wait after the destroy has nothing to wait for.
-        self.guard = threading.RLock()
+    def __init__(self, destroy: Optional[Destroy], handle: Any, device: Optional[int]) -> None:
+        super().__init__(destroy, handle)
+        self.address = ctypes.cast(handle, ctypes.c_void_p) if handle is not None else ctypes.c_void_p()
+        self.owned = destroy is not None
+        self.device = device   # the device it belongs to; None for the default stream (each device has one)
+        self.wrapper: Optional["weakref.ReferenceType[Stream]"] = None
 
     def wait(self) -> None:
-        if self.destroyed:
-            return
         api = runtime_api()   # (first: in a forked child it refuses, before any lock is taken)
-        with self.guard:
-            if self.destroyed:
-                return
-            status = api.hot.aclrtSynchronizeStream(self.address)
-            if status:
-                _ffi.raise_status(status, "aclrtSynchronizeStream", api.get_message)
-
-
-_streams: "weakref.WeakSet[Stream]" = weakref.WeakSet()
-
-
-def _reset_stream_locks() -> None:
-    for stream in list(_streams):   # another thread may have held them at the fork
-        stream._workspace_lock = threading.Lock()
-        stream._life.guard = threading.RLock()
-
-
-at_fork_in_child(_reset_stream_locks)
+        use = Use()
+        try:
+            with state.lock:
+                if self.owned and self.released:
+                    return   # destroyed: destroying waited for the work
+                use.lives.append(self)
+                self.holders.add(use)   # a destroy now waits for this wait
+            status = api.hot.aclrtSynchronizeStream(ctypes.c_void_p(self.address.value))
+        finally:
+            use.let_go()
+        if status:
+            _ffi.raise_status(status, "aclrtSynchronizeStream", api.get_message)
 
 
 class Stream(Owned):
-    """An aclrtStream: ``Stream()`` creates and owns one; ``Stream.from_handle`` borrows another
-    framework's and ``default_stream()`` is the NULL stream (closing those never destroys them)."""
+    """An aclrtStream: ``Stream()`` creates and owns one on the thread's device;
+    ``Stream.from_handle`` borrows another framework's and ``default_stream()`` is the NULL stream
+    (closing those never destroys them)."""
 
     _kind = "Stream"
-    _life: _StreamLife   # made by _make_life or _borrowed
+    _life: StreamLife
 
     def __init__(self) -> None:
         super().__init__()
-        self._setup(None)
-        self._is_default = False
+        self._pools: Dict[int, DeviceBuffer] = {}   # pooled workspace, by device
         api = runtime_api()
+        self._device: Optional[int] = current_device()
         handle = _ffi.aclrtStream_p()
+        self._prepare(api.raw.aclrtDestroyStream, handle)   # (destroying waits for the queued work)
         api.aclrtCreateStream(ctypes.byref(handle))
         self._address = ctypes.c_void_p(ctypes.cast(handle, ctypes.c_void_p).value)
-        raw_destroy = api.raw.aclrtDestroyStream
-        life_box: List[_StreamLife] = []
+        self._life.address = self._address
 
-        def release(handle: Any = handle) -> int:
-            runtime_api()
-            life = life_box[0]
-            with life.guard:
-                life.destroyed = True   # destroying waits for the queued work
-                status: int = raw_destroy(handle)
-            return status
-
-        self._own(handle, release)
-        life_box.append(self._life)
-
-    def _setup(self, address: Optional[int]) -> None:
-        self._workspace: Optional[DeviceBuffer] = None
-        self._workspace_lock = threading.Lock()
-        self._address = ctypes.c_void_p(address)
-        self._is_default = not address
-        _streams.add(self)
-
-    def _make_life(self, release: Release) -> _StreamLife:
-        return _StreamLife(release, self._address)
+    def _make_life(self, destroy: Optional[Destroy], handle: Any) -> StreamLife:
+        life = StreamLife(destroy, handle, self._device)
+        life.wrapper = weakref.ref(self)
+        return life
 
     @classmethod
-    def _borrowed(cls, address: int) -> "Stream":
+    def _borrowed(cls, address: int, device: Optional[int]) -> "Stream":
         stream = cls.__new__(cls)
         Owned.__init__(stream)
-        stream._setup(address)
-        stream._life = _StreamLife(None, stream._address)
+        stream._pools = {}
+        stream._device = device
+        stream._address = ctypes.c_void_p(address or None)
         stream._borrow(ctypes.cast(stream._address, _ffi.aclrtStream_p))
         return stream
 
     @classmethod
     def from_handle(cls, handle: int) -> "Stream":
-        """Borrows a foreign aclrtStream (an int address); close() does not destroy it."""
-        return cls._borrowed(whole_number(handle, "stream handle", 0, ADDRESS_MAX))
+        """Borrows a foreign aclrtStream (an int address) of the thread's current device; close()
+        does not destroy it."""
+        address = whole_number(handle, "stream handle", 0, ADDRESS_MAX)
+        return cls._borrowed(address, current_device() if address else None)
 
     @property
     def handle(self) -> int:
@@ -186,82 +146,70 @@ class Stream(Owned):
         self.check_open()
         return self._address.value or 0
 
+    @property
+    def device(self) -> Optional[int]:
+        """The device the stream belongs to (None for the default stream: each device has one)."""
+        return self._device
+
     def synchronize(self) -> None:
         """Waits for the work queued on this stream; raises its error if one failed."""
-        if self._handle is None:
-            self.check_open()
+        self.check_open()
         self._life.wait()
 
     def wait_queued(self) -> None:
         """Waits for work queued through this wrapper, also after it was closed."""
         self._life.wait()
 
-    def _take_workspace(self, nbytes: int) -> Tuple["DeviceBuffer", int]:
-        """A pinned buffer of at least nbytes from this stream's grow-only pool, and its address
-        (read while the pool still held it: another thread may replace and close the wrapper
-        right after, the memory stays); unpin it with this stream's life after queuing the work
-        that uses it."""
-        with self._workspace_lock:
-            current = self._workspace
-            if current is not None and current.nbytes >= nbytes and not current.closed:
-                pin((current._life,))
-                address = current._handle
-                if address is not None and not current._life.closed:
-                    return current, address.value
-                unpin((current._life,))
-        fresh = DeviceBuffer(nbytes)   # not under the lock: allocation may run a finalizer
-        pin((fresh._life,))
-        address = fresh.ptr
-        with self._workspace_lock:
-            old, self._workspace = self._workspace, fresh
+    def take_workspace(self, nbytes: int, use: Use) -> int:
+        """The address of at least nbytes of this stream's pooled workspace on the current
+        device, held by `use` (let it go on this stream after queuing the work that uses it)."""
+        device = self._device if self._device is not None else current_device()
+        with state.lock:
+            pooled = self._pools.get(device)
+            if pooled is not None and pooled.nbytes >= nbytes and use.add(pooled._life):
+                return int(pooled._handle.value)
+        fresh = DeviceBuffer(nbytes)   # (not under the lock: an allocation may run a finalizer)
+        with state.lock:
+            use.add(fresh._life)
+            old, self._pools[device] = self._pools.get(device), fresh
         if old is not None:
             old.close()   # freed once the work queued with it is done
-        return fresh, address
-
-    def run_with_workspace(self, nbytes: int, launch: Callable[[Optional[int]], _Result]) -> _Result:
-        """Calls launch(workspace address or None) with at least nbytes of workspace from this
-        stream's pool; the buffer stays allocated until the work launched with it is done."""
-        self.check_open()
-        if nbytes == 0:
-            return launch(None)
-        buffer, address = self._take_workspace(nbytes)
-        try:
-            return launch(address)
-        finally:
-            unpin((buffer._life,), self._life)
+        return int(fresh._handle.value)
 
     def release_workspace(self) -> None:
-        """Frees the pooled workspace once the work queued on this stream is done."""
+        """Frees the pooled workspaces once the work queued on this stream is done."""
         if in_forked_child():
             return
-        with self._workspace_lock:
-            workspace, self._workspace = self._workspace, None
-        if workspace is not None:
-            workspace.close()
+        with state.lock:
+            pools, self._pools = self._pools, {}
+        for buffer in pools.values():
+            buffer.close()
 
     def close(self) -> None:
         """Destroys an owned stream (queued work completes first), frees its workspace once the
         work is done, and kills the wrapper. A borrowed stream is left as it is."""
-        if self._handle is None:
+        if self._dead:
             return
         super().close()
         self.release_workspace()
 
     def __repr__(self) -> str:
-        if self._handle is None:
+        if self._dead:
             return "<Stream closed>"
-        return f"<Stream 0x{self.handle:x}{' default' if self._is_default else ''}>"
+        kind = "default" if not self._address.value else ("owned" if self._life.owned else "borrowed")
+        device = "" if self._device is None else f" device {self._device}"
+        return f"<Stream 0x{self.handle:x} {kind}{device}>"
 
 
 _default_stream: Optional[Stream] = None
 
 
 def default_stream() -> Stream:
-    """The device's default stream (the NULL aclrtStream)."""
+    """The default stream (the NULL aclrtStream: the current device's own)."""
     global _default_stream
     stream = _default_stream
     if stream is None or stream.closed:
-        stream = _default_stream = Stream._borrowed(0)
+        stream = _default_stream = Stream._borrowed(0, None)
     return stream
 
 
@@ -287,16 +235,8 @@ class DeviceBuffer(Owned):
         api = runtime_api()
         free_collected()
         ptr = ctypes.c_void_p()
+        self._prepare(api.raw.aclrtFree, ptr)
         api.aclrtMalloc(ctypes.byref(ptr), self.nbytes, ACL_MEM_MALLOC_HUGE_FIRST)
-        raw_free = api.raw.aclrtFree
-        address = ptr.value
-
-        def release(address: Optional[int] = address) -> int:
-            runtime_api()
-            status: int = raw_free(address)
-            return status
-
-        self._own(ptr, release)
 
     @classmethod
     def wrap(cls, ptr: int, nbytes: int) -> "DeviceBuffer":
@@ -331,42 +271,42 @@ class DeviceBuffer(Owned):
         nbytes = whole_number(nbytes, "nbytes")
         self._check_range(nbytes, offset)
         if nbytes:
-            with self._pinned() as device:
-                runtime_api().aclrtMemcpy(device + offset, self.nbytes - offset, address, nbytes,
-                                          MEMCPY_HOST_TO_DEVICE)
+            self._copy(offset, address, nbytes, MEMCPY_HOST_TO_DEVICE)
 
     def copy_to_host(self, host: np.ndarray, offset: int = 0) -> None:
         """Synchronous copy into a writable C-contiguous host array (does not wait for streams)."""
         if not (host.flags.c_contiguous and host.flags.writeable):
             raise ArgumentError("copy_to_host needs a writable C-contiguous host array")
-        nbytes = host.nbytes
-        self._check_range(nbytes, offset)
-        if nbytes:
-            with self._pinned() as device:
-                runtime_api().aclrtMemcpy(host.ctypes.data, nbytes, device + offset, nbytes, MEMCPY_DEVICE_TO_HOST)
+        self._check_range(host.nbytes, offset)
+        if host.nbytes:
+            self._copy(offset, host.ctypes.data, host.nbytes, MEMCPY_DEVICE_TO_HOST)
 
-    @contextlib.contextmanager
-    def _pinned(self) -> Iterator[int]:
-        """The memory's address, pinned for the block: a close() from another thread meanwhile
-        frees it only after the block, and makes the block fail as one that comes after it."""
-        lives = (self._life,)
-        if not pin_open(self._life):
-            raise HandleClosedError(f"this {self._kind} was closed; it cannot be used any more")
+    def _copy(self, offset: int, host: int, nbytes: int, kind: int) -> None:
+        """One synchronous copy, the memory held meanwhile: a close() from another thread frees
+        it only after the copy, and makes the copy fail as one that comes after it."""
+        api = runtime_api()
+        use = Use((self._life,))
         try:
-            yield self._handle.value
+            if not use.take():
+                raise HandleClosedError(f"this {self._kind} was closed; it cannot be used any more")
+            device = self._handle.value + offset
+            if kind == MEMCPY_HOST_TO_DEVICE:
+                api.aclrtMemcpy(device, self.nbytes - offset, host, nbytes, kind)
+            else:
+                api.aclrtMemcpy(host, nbytes, device, nbytes, kind)
         finally:
-            unpin(lives)
-        if self._handle is None:
+            use.let_go()
+        if self._dead:
             raise HandleClosedError(f"this {self._kind} was closed during the copy")
 
     def __repr__(self) -> str:
-        if self._handle is None:
+        if self._dead:
             return "<DeviceBuffer closed>"
         owner = "owned" if self._finalizer is not None else "borrowed"
         return f"<DeviceBuffer 0x{self.ptr:x} {self.nbytes} bytes {owner}>"
 
 
-def _check_shape(shape: Iterable[object]) -> Tuple[int, ...]:
+def check_shape(shape: Iterable[object]) -> Tuple[int, ...]:
     """A shape as a tuple of whole numbers >= 0 (an error naming `shape` otherwise)."""
     try:
         dims: Tuple[Any, ...] = tuple(shape)
@@ -382,36 +322,64 @@ def _check_shape(shape: Iterable[object]) -> Tuple[int, ...]:
     return tuple(int(d) for d in dims)
 
 
-# Held while an array's tensor handle is made or taken away (tensor.tensor_for, DeviceArray.close).
-_tensor_lock = threading.RLock()
-
-
-def tensor_lock() -> "threading.RLock":
-    return _tensor_lock
-
-
-def _reset_tensor_lock() -> None:
-    global _tensor_lock
-    _tensor_lock = threading.RLock()   # another thread may have held it at the fork
-
-
-at_fork_in_child(_reset_tensor_lock)
-
-
 _layout_ids: Dict[Tuple[Any, ...], int] = {}
-_next_layout_id = itertools.count(1)
 _LAYOUT_IDS_KEPT = 4096
 
 
 def layout_id(layout: Tuple[Any, ...]) -> int:
-    """A number that stands for exactly this layout: a call's cache key is then a tuple of ints,
-    cheap to hash. Numbers are never reused, so forgetting them only costs cache misses."""
-    number = _layout_ids.get(layout)
-    if number is None:
-        if len(_layout_ids) >= _LAYOUT_IDS_KEPT:
-            _layout_ids.clear()
-        number = _layout_ids[layout] = next(_next_layout_id)
+    """A number that stands for exactly this layout, so that a call's cache key is a tuple of
+    ints, cheap to hash. Numbers are never reused: forgetting them only costs cache misses."""
+    with state.lock:
+        number = _layout_ids.get(layout)
+        if number is None:
+            if len(_layout_ids) >= _LAYOUT_IDS_KEPT:
+                _layout_ids.clear()
+            number = _layout_ids[layout] = state.next_number()
     return number
+
+
+# ---- access records ----
+
+
+def order_launch(reads: Sequence["DeviceArray"], writes: Sequence["DeviceArray"], stream: StreamLife) -> None:
+    """Before queuing work on `stream` that reads and writes these arrays: waits for their
+    writers on other streams, and for the readers on other streams of what it writes."""
+    waits: Set[StreamLife] = set()
+    with state.lock:
+        for array in reads:
+            writer = array._writer
+            if writer is not None and writer is not stream:
+                waits.add(writer)
+        for array in writes:
+            writer = array._writer
+            if writer is not None and writer is not stream:
+                waits.add(writer)
+            for reader in array._readers:
+                if reader is not stream:
+                    waits.add(reader)
+    for other in waits:
+        other.wait()
+
+
+def record_launch(reads: Sequence["DeviceArray"], writes: Sequence["DeviceArray"], stream: StreamLife,
+                  start: int = -1) -> int:
+    """After queuing the work: `stream` reads these and is the last writer of those. Only a
+    change moves the epoch (a plan repeating a launch records nothing new). Returns the epoch
+    after this record when nothing else moved it since `start`, else -1."""
+    changed = False
+    with state.lock:
+        for array in reads:
+            if stream not in array._readers:
+                array._readers.add(stream)
+                changed = True
+        for array in writes:
+            if array._writer is not stream or array._readers:
+                array._writer = stream
+                array._readers = set()
+                changed = True
+        if changed:
+            state.epoch += 1
+        return state.epoch if state.epoch == start + changed else -1
 
 
 class DeviceArray:
@@ -419,36 +387,32 @@ class DeviceArray:
 
     ``strides`` and ``offset`` count elements, as in aclCreateTensor. Made by ``to_device``,
     ``DeviceArray.empty`` or ``DeviceArray.wrap`` (a foreign pointer, e.g. a framework tensor's
-    storage). Reading it back with ``to_numpy`` first waits for work queued on it.
+    storage). Reading it back with ``to_numpy`` first waits for the work queued to write it;
+    writing it with ``copy_from`` first waits for the work queued to read or write it.
     """
 
     def __init__(self, buffer: Optional[DeviceBuffer], shape: Sequence[int], dtype: npt.DTypeLike,
                  strides: Optional[Sequence[int]] = None, offset: int = 0) -> None:
         self.buffer = buffer
-        self.shape = _check_shape(shape)
+        self.shape = check_shape(shape)
         self.dtype = check_device_dtype(dtype)
         if strides is None:
             self.strides = contiguous_strides(self.shape)
         else:
             self.strides = tuple(whole_number(s, "strides", 0) for s in strides)
         self.offset = whole_number(offset, "offset")
-        self.pending: Optional[Stream] = None   # last stream with queued writes to it
-        # plans that read it (told about writes to it), by id
-        self._readers: Optional[Dict[int, "weakref.ReferenceType[Plan]"]] = None
-        self._tensor: Optional[AclTensor] = None   # cached aclTensor for this exact view
-        # (its address, the life a call pins, _layout_id), set with _tensor: what a device-level
-        # call needs
-        self._bound: Optional[Tuple[ctypes.c_void_p, Life, int]] = None
         self._dead = False
         self._layout = (self.shape, self.dtype, self.strides, self.offset)
         self._layout_id = layout_id(self._layout)
+        self._writer: Optional[StreamLife] = None    # the stream of the last queued write
+        self._readers: Set[StreamLife] = set()       # streams that queued reads since then
 
     # -- construction --
 
     @classmethod
     def empty(cls, shape: Sequence[int], dtype: npt.DTypeLike) -> "DeviceArray":
         """Fresh C-contiguous device memory (contents undefined, as on a device)."""
-        shape = _check_shape(shape)
+        shape = check_shape(shape)
         dtype = check_device_dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
         if nbytes > MAX_ALLOCATION:
@@ -503,7 +467,7 @@ class DeviceArray:
     @property
     def ptr(self) -> int:
         """Device address of the buffer (0 for an empty array without memory)."""
-        if self._dead:
+        if self.closed:
             raise HandleClosedError("this DeviceArray was closed; it cannot be used any more")
         return self.buffer.ptr if self.buffer is not None else 0
 
@@ -517,24 +481,35 @@ class DeviceArray:
         return self._layout
 
     def _lives(self) -> Tuple[Life, ...]:
-        """The native handles a launch using this array relies on: its memory (which also holds
-        back the close of its tensor handle), or, without memory, its tensor handle."""
-        if self.buffer is not None:
-            return (self.buffer._life,)
-        tensor = self._tensor
-        return () if tensor is None else (tensor._life,)
+        """The native handles a launch using this array relies on: its memory."""
+        return () if self.buffer is None else (self.buffer._life,)
 
     # -- data --
 
+    @property
+    def pending(self) -> Optional[Stream]:
+        """The stream of the last write queued to this array through the package (None when
+        there is none, or its wrapper is gone)."""
+        writer = self._writer
+        return None if writer is None or writer.wrapper is None else writer.wrapper()
+
     def wait_for_writer(self) -> None:
         """Waits for the work queued to write this array (also through a closed Stream wrapper)."""
-        pending = self.pending
-        if pending is not None:
-            pending.wait_queued()
-            self.pending = None
+        writer = self._writer
+        if writer is not None:
+            writer.wait()
+
+    def wait_for_access(self) -> None:
+        """Waits for every queued read and write of this array (before a write from the host)."""
+        with state.lock:
+            streams = set(self._readers)
+            if self._writer is not None:
+                streams.add(self._writer)
+        for stream in streams:
+            stream.wait()
 
     def to_numpy(self, sync: bool = True) -> np.ndarray:
-        """A fresh host copy; waits first for work queued on this array (unless sync=False)."""
+        """A fresh host copy; waits first for work queued to write this array (unless sync=False)."""
         if self.closed:
             raise HandleClosedError("this DeviceArray was closed; it cannot be read any more")
         if sync:
@@ -557,40 +532,32 @@ class DeviceArray:
 
     def copy_from(self, host: np.ndarray) -> None:
         """Writes host values into this (contiguous) array, synchronously, after the work queued
-        to write it is done."""
+        to read or write it is done."""
         host = np.ascontiguousarray(host, dtype=self.dtype)
         if host.shape != self.shape:
             raise ArgumentError(f"host array has shape {host.shape}, this DeviceArray has {self.shape}")
         if not self.is_contiguous:
             raise ArgumentError("copy_from needs a contiguous DeviceArray")
-        self.wait_for_writer()
+        self.wait_for_access()
         if host.size:
             buffer = self.buffer
             assert buffer is not None   # a non-empty view has memory
             buffer.copy_from_host(host)
 
     def close(self) -> None:
-        """Kills the array; frees its tensor handle and, when owned, its device memory as soon as
-        no plan, executor or queued work uses them."""
-        with _tensor_lock:
-            self._dead = True
-            self._bound = None
-            tensor, self._tensor = self._tensor, None
-        buffer = self.buffer
-        if buffer is None:
-            if tensor is not None:
-                tensor.close()
-            return
-        # The memory closes first (the epoch moves): a call that pins it from here on fails its
-        # epoch check, and one that pinned it before holds back the tensor's close too.
-        buffer.close()
-        if tensor is not None:
-            close_with(buffer._life, tensor)   # calls in flight pin the buffer only
+        """Kills the array; frees its device memory (when owned) as soon as nothing holds it and
+        the queued work that uses it is done."""
+        self._dead = True
+        if self.buffer is not None:
+            self.buffer.close()
+        else:
+            with state.lock:
+                state.epoch += 1
 
     @property
     def closed(self) -> bool:
         """True once close() was called on the array or on its buffer."""
-        return self._dead or (self.buffer is not None and self.buffer._handle is None)
+        return self._dead or (self.buffer is not None and self.buffer._dead)
 
     def __enter__(self) -> "DeviceArray":
         return self
@@ -599,10 +566,17 @@ class DeviceArray:
         self.close()
 
     def __repr__(self) -> str:
-        state = " closed" if self.closed else ""
+        state_text = " closed" if self.closed else ""
         address = 0 if self.closed or self.buffer is None else self.buffer.ptr
         return (f"<DeviceArray shape={self.shape} dtype={dtype_name(self.dtype)} strides={self.strides} "
-                f"offset={self.offset} at 0x{address:x}{state}>")
+                f"offset={self.offset} at 0x{address:x}{state_text}>")
+
+
+def lives_of(arrays: Iterable[DeviceArray]) -> List[Life]:
+    lives: List[Life] = []
+    for array in arrays:
+        lives.extend(array._lives())
+    return lives
 
 
 def to_device(array: np.ndarray) -> DeviceArray:
@@ -610,6 +584,7 @@ def to_device(array: np.ndarray) -> DeviceArray:
     the device (the bytes it spans are copied); negative strides are copied to C order first."""
     if not isinstance(array, np.ndarray):
         raise TypeError(f"to_device needs a numpy.ndarray, got {type(array).__name__}")
+    array = np.asarray(array)   # (a subclass or a proxy: the array it stands for)
     check_device_dtype(array.dtype.newbyteorder("="), "array's dtype")
     if not array.dtype.isnative:
         array = array.astype(array.dtype.newbyteorder("="))

@@ -6,12 +6,18 @@ ctypes.ArgumentError instead of a crash. Every row is bound once with its exact 
 (a non-zero status, or NULL from a constructor, with aclGetRecentErrMsg text). Rows flagged
 ``fast`` are also bound without a prototype (``api.hot.<symbol>``) for hot paths that build
 their ctypes arguments once: the conversions a prototype makes on every call are the largest
-part of a call's cost. Operators add their own rows with ``declare``.
+part of a call's cost.
+
+The libraries: "runtime" (libascendcl), "meta" (libnnopbase), "helper" (the package's own
+libaclswiglu_hotpath.so) are bound when the API is first used; each operator's rows ("operator")
+are bound when the operator is first called (``bind_operator``), from the library that exports
+them, so an install that lacks one operator still serves another.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import re
 import threading
 from ctypes import POINTER, c_char_p, c_int, c_int32, c_int64, c_size_t, c_uint32, c_uint64, c_void_p
@@ -51,7 +57,7 @@ class Declaration(NamedTuple):
     paths call it (``fast``). ``optional`` functions may be missing from the library (then
     they are bound as None)."""
 
-    library: str    # "runtime", "meta" or "operator"
+    library: str    # "runtime", "meta", "helper" or "operator"
     symbol: str
     restype: Any            # a ctypes type, or None for void
     argtypes: Tuple[Any, ...]
@@ -99,10 +105,20 @@ DECLARATIONS = (
     D("meta", "aclSetRawTensorAddr", aclnnStatus, (aclTensor_p, c_void_p), STATUS),
 )
 
+# The package's helper (binding/): the one-crossing launch of a bound executor, and a one-shot
+# call's whole device side. Each operator's phase-1 thunk is a helper row of its own description.
+HELPER_DECLARATIONS = (
+    D("helper", "acl_swiglu_launch", c_int64, (c_void_p, c_int32), PLAIN, fast=True),
+    D("helper", "acl_swiglu_one_shot", c_int32,
+      (c_void_p, c_void_p, c_char_p, c_char_p, c_char_p, c_uint64, c_void_p, POINTER(c_uint64)), PLAIN, fast=True),
+    D("helper", "acl_swiglu_one_shot_message", c_char_p, (), PLAIN, fast=True),
+)
+
 # Only the emulator has these (acl_emu/acl_emu.h).
 EMULATOR_DECLARATIONS = (
     D("runtime", "aclEmuVersion", c_char_p, (), PLAIN),
     D("runtime", "aclEmuLiveCount", c_int64, (c_int,), PLAIN),
+    D("runtime", "aclEmuLiveHandles", c_int64, (c_int, POINTER(c_void_p), c_int64), PLAIN),
     D("runtime", "aclEmuLiveBytes", c_int64, (), PLAIN),
     D("runtime", "aclEmuSetFaults", aclError, (c_char_p,), STATUS),
     D("runtime", "aclEmuFaultsInjected", c_int64, (), PLAIN),
@@ -112,12 +128,19 @@ EMULATOR_DECLARATIONS = (
 del D
 
 _operator_declarations: List[Declaration] = []
-_STATUS_IN_TEXT = re.compile(r"\[status (-?\d+)\]")
+
+
+def declare(rows: Sequence[Declaration]) -> None:
+    """Records an operator's rows (bound when the operator is first called: bind_operator)."""
+    _operator_declarations.extend(row for row in rows if row not in _operator_declarations)
 
 
 def declarations() -> Tuple[Declaration, ...]:
-    """Every C function declared: the runtime and meta API, then each operator's."""
-    return DECLARATIONS + tuple(_operator_declarations)
+    """Every C function declared: the runtime, meta and helper rows, then each operator's."""
+    return DECLARATIONS + HELPER_DECLARATIONS + tuple(_operator_declarations)
+
+
+_STATUS_IN_TEXT = re.compile(r"\[status (-?\d+)\]")
 
 
 GetMessage = Callable[[], Optional[bytes]]   # aclGetRecentErrMsg: reads and clears the thread's text
@@ -180,8 +203,7 @@ def _checked(function: Callable[..., Any], declaration: Declaration,
     return call
 
 
-def _bind_one(namespace: SimpleNamespace, libraries: Dict[str, ctypes.CDLL], declaration: Declaration) -> None:
-    library = libraries[declaration.library]
+def _bind_one(namespace: SimpleNamespace, library: ctypes.CDLL, declaration: Declaration) -> None:
     function: Optional[Callable[..., Any]]
     try:
         function = ctypes.CFUNCTYPE(declaration.restype, *declaration.argtypes)((declaration.symbol, library))
@@ -200,30 +222,29 @@ def _bind_one(namespace: SimpleNamespace, libraries: Dict[str, ctypes.CDLL], dec
         setattr(namespace.hot, declaration.symbol, fast)
 
 
-class HotFunctions(SimpleNamespace):
-    """``api.hot``: the unprototyped functions. ``rebound`` counts every rebinding of a name in
-    it, so that a record of C function addresses (the C helper's) tells cheaply whether one of
-    them was replaced since it was made, by a wrapper for instance."""
+HELPER_LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_native", "libaclswiglu_hotpath.so")
 
-    rebound = 0
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        object.__setattr__(self, name, value)
-        object.__setattr__(self, "rebound", self.rebound + 1)
-
-    def __delattr__(self, name: str) -> None:
-        object.__delattr__(self, name)
-        object.__setattr__(self, "rebound", self.rebound + 1)
+def _helper_library() -> ctypes.CDLL:
+    """The package's own helper: built and installed with the package (never searched for)."""
+    from .errors import LibraryNotFoundError
+    try:
+        return ctypes.CDLL(HELPER_LIBRARY)
+    except OSError as exc:
+        raise LibraryNotFoundError(f"the package's native helper {HELPER_LIBRARY} cannot be loaded ({exc}): the "
+                                   "package was not built with its native part (install it with `pip install .`, "
+                                   "which compiles it with CMake)") from None
 
 
 def bind_all(libs: _loader.Libraries) -> SimpleNamespace:
-    """Binds every declaration; returns a namespace of checked functions with ``.raw`` and ``.hot``."""
-    bound = SimpleNamespace(raw=SimpleNamespace(), hot=HotFunctions(), libraries=libs)
-    libraries = {"runtime": libs.runtime, "meta": libs.meta, "operator": libs.operator}
+    """Binds the runtime, meta and helper rows; returns a namespace of checked functions with
+    ``.raw`` and ``.hot``. Operators' rows are bound by ``bind_operator``."""
+    bound = SimpleNamespace(raw=SimpleNamespace(), hot=SimpleNamespace(), libraries=libs, operators={})
     bound.get_message = ctypes.CFUNCTYPE(c_char_p)(("aclGetRecentErrMsg", libs.runtime))
-    bound._libraries = libraries
-    for declaration in declarations() + (EMULATOR_DECLARATIONS if libs.is_emulator else ()):
-        _bind_one(bound, libraries, declaration)
+    bound.helper = _helper_library()
+    libraries = {"runtime": libs.runtime, "meta": libs.meta, "helper": bound.helper}
+    for declaration in DECLARATIONS + HELPER_DECLARATIONS + (EMULATOR_DECLARATIONS if libs.is_emulator else ()):
+        _bind_one(bound, libraries[declaration.library], declaration)
     return bound
 
 
@@ -231,13 +252,40 @@ _lock = threading.Lock()
 _api: Optional[SimpleNamespace] = None
 
 
-def declare(rows: Sequence[Declaration]) -> None:
-    """Adds an operator's C functions (bound now if the libraries are already loaded)."""
+def bind_operator(rows: Sequence[Declaration], symbol: str) -> SimpleNamespace:
+    """Binds an operator's rows once (the "operator" ones from the library that exports
+    `symbol`, its phase 1; the "helper" ones from the helper) and returns the API."""
+    bound = api()
+    if symbol in bound.operators:
+        return bound
+    library = _operator_library(symbol)
     with _lock:
-        _operator_declarations.extend(rows)
-        if _api is not None:
+        if symbol not in bound.operators:
             for declaration in rows:
-                _bind_one(_api, _api._libraries, declaration)
+                _bind_one(bound, bound.helper if declaration.library == "helper" else library, declaration)
+            bound.operators[symbol] = library
+    return bound
+
+
+def _operator_library(symbol: str) -> ctypes.CDLL:
+    finder = getattr(_loader, "operator_library", None)
+    if finder is not None:
+        found: ctypes.CDLL = finder(symbol).library
+        return found
+    return _loader.libraries().operator
+
+
+def c_address(bound: SimpleNamespace, symbol: str, operator_symbol: Optional[str] = None) -> int:
+    """The address of a C function in the library the API binds it from (whatever Python object
+    stands in api.raw for it): what the helper, which calls C from C, is handed. An operator's
+    functions are looked up in the library of its `operator_symbol`."""
+    row = next(d for d in declarations() if d.symbol == symbol)
+    if row.library == "operator":
+        library = bound.operators[operator_symbol or symbol]
+    else:
+        library = {"runtime": bound.libraries.runtime, "meta": bound.libraries.meta, "helper": bound.helper}[row.library]
+    address: int = ctypes.cast(library[symbol], c_void_p).value
+    return address
 
 
 def api() -> SimpleNamespace:
@@ -259,6 +307,8 @@ def _reset_after_fork() -> None:
 
 __all__ = [
     "aclTensor_p", "aclIntArray_p", "aclOpExecutor_p", "aclrtStream_p", "Declaration", "DECLARATIONS",
-    "EMULATOR_DECLARATIONS", "api", "bind_all", "check", "declarations", "declare", "raise_null", "raise_status",
-    "AclError",
+    "EMULATOR_DECLARATIONS", "HELPER_DECLARATIONS", "api", "bind_all", "bind_operator", "c_address", "check",
+    "declarations",
+    "declare", "raise_null",
+    "raise_status", "AclError",
 ]

@@ -166,6 +166,12 @@ def host_trunc(group_index: GroupCounts, tokens: int) -> int:
     return min(total, int(tokens))
 
 
+def guard_active() -> bool:
+    """Whether the loaded CANN's release is one that a group_index can hang: then calls check
+    the counts' values every time."""
+    return is_affected(_installed_release)
+
+
 def check_group_index(group_index: Optional[GroupCounts], tokens: int,
                       version: Union[Optional[str], _Unset] = _UNSET) -> None:
     """check_call for a call whose group_index counts are on the host (revision 1, or the NumPy

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 from types import SimpleNamespace
 from typing import Dict, Iterator, List, Tuple, Union
 
@@ -42,6 +43,20 @@ def live_counts() -> Dict[str, int]:
     counts = {kind: int(api.aclEmuLiveCount(i)) for i, kind in enumerate(KINDS)}
     counts["bytes"] = int(api.aclEmuLiveBytes())
     return counts
+
+
+def live_handles(kind: str) -> List[int]:
+    """The addresses of the live handles of one kind (one of KINDS), from the emulator's registry."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    api = _api()
+    index = KINDS.index(kind)
+    while True:
+        count = int(api.aclEmuLiveHandles(index, None, 0))
+        handles = (ctypes.c_void_p * max(count, 1))()
+        found = int(api.aclEmuLiveHandles(index, handles, count))
+        if found <= count:
+            return [int(handles[i] or 0) for i in range(found)]
 
 
 def set_threads(threads: int) -> None:

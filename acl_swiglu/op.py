@@ -4,76 +4,79 @@
 from __future__ import annotations
 
 import math
-from ctypes import POINTER, c_double, c_uint64, c_void_p
-from typing import AbstractSet, Any, Callable, Mapping, Optional, Sequence, Tuple, Union, cast
+from typing import Any, Mapping, Optional, Sequence, Tuple, Union, cast
 
 import numpy as np
 
-from . import _aclnn, _ffi, _loader, _plan
-from ._aclnn import Executor, OperatorDescription, Revision, Slot, release_cached
+from . import _aclnn, _loader, _plan, _releases
+from ._aclnn import release_cached
 from ._device import DeviceArray, Stream
-from ._releases import check_group_index
+from ._operator import DOUBLE, HOST_INTS, INPUT, OUTPUT, Executor, OperatorDescription, Param, Revision
 from ._validate import Problem, Rules, host_counts, validate
 
 __all__ = ["Executor", "SwigluGroupQuantGradPlan", "get_workspace_size", "release_cached",
            "swiglu_group_quant_grad", "swiglu_group_quant_grad_device", "SWIGLU_GROUP_QUANT_GRAD"]
 
-INPUTS = (Slot("grad_y", "gradY"), Slot("x", "x"), Slot("weight", "weightOptional"),
-          Slot("y_origin", "yOriginOptional"), Slot("group_index", "groupIndexOptional"))
-OUTPUTS = (Slot("grad_x", "gradXOut"), Slot("grad_weight", "gradWeightOutOptional"))
-SCALARS = (Slot("clamp_limit", "clampLimit"),)
 
-
-def _validate(arguments: Mapping[str, Any], revision: Revision, array_types: Tuple[type, ...], array_text: str,
-              host_inputs: AbstractSet[str], check_outputs: bool) -> Problem:
-    get = arguments.get
-    group_host = "group_index" in host_inputs
-    problem = validate(get("grad_y"), get("x"), get("weight"), get("y_origin"), get("group_index"),
-                       get("clamp_limit"), rules=cast(Rules, revision.rules), array_types=array_types,
-                       array_text=array_text, group_host=group_host, grad_x=get("grad_x"),
-                       grad_weight=get("grad_weight"), check_outputs=check_outputs)
-    if (group_host or np.ndarray in array_types) and get("group_index") is not None:
-        # The counts are on the host (revision 1, or a NumPy call): refuse what the installed
-        # release is known to hang on, before anything is allocated.
-        check_group_index(get("group_index"), math.prod(problem.x_shape[:-1]))
-    return problem
-
-
-def _host_values(name: str, value: Union[np.ndarray, Sequence[int]]) -> Tuple[int, ...]:
-    return host_counts(value)
-
-
-def _clamp(off: float) -> Callable[[Problem], Tuple[c_double]]:
-    """clampLimit as the C double, `off` standing for "no clamp" in this revision."""
-    def scalars(problem: Problem) -> Tuple[c_double]:
-        return (c_double(off if problem.clamp_limit is None else problem.clamp_limit),)
-    return scalars
+def _params(group_index_kind: str) -> Tuple[Param, ...]:
+    return (Param("grad_y", "gradY", INPUT), Param("x", "x", INPUT), Param("weight", "weightOptional", INPUT),
+            Param("y_origin", "yOriginOptional", INPUT), Param("group_index", "groupIndexOptional", group_index_kind),
+            Param("clamp_limit", "clampLimit", DOUBLE), Param("grad_x", "gradXOut", OUTPUT),
+            Param("grad_weight", "gradWeightOutOptional", OUTPUT))
 
 
 # Revision 1 (the first published form of the operator): groupIndex an aclIntArray of host
 # counts, clamp 0 = off, ranks 2-3 and weight [..., 1]. Revision 2 (every CANN release):
 # groupIndex an INT64 aclTensor in device memory, clamp -1.0 = off, ranks 1-8, weight T elements.
 REVISIONS = {
-    1: Revision(1, frozenset({"group_index"}), _clamp(0.0), Rules("ABI revision 1", 2, 3, True)),
-    2: Revision(2, frozenset(), _clamp(-1.0), Rules("ABI revision 2", 1, 8, False)),
+    1: Revision(1, _params(HOST_INTS), Rules("ABI revision 1", 2, 3, True)),
+    2: Revision(2, _params(INPUT), Rules("ABI revision 2", 1, 8, False)),
 }
+_CLAMP_OFF = {1: 0.0, 2: -1.0}
 
-#: group_index of the device-level calls: host ints (revision 1) or an int64 DeviceArray (revision 2).
-GroupIndex = Union[DeviceArray, np.ndarray, Sequence[int], None]
 
-_T = _ffi.aclTensor_p
+def _validate(arguments: Mapping[str, Any], revision: Revision, device: bool) -> Problem:
+    get = arguments.get
+    return validate(get("grad_y"), get("x"), get("weight"), get("y_origin"), get("group_index"), get("clamp_limit"),
+                    rules=cast(Rules, revision.rules), array_types=(DeviceArray,) if device else (np.ndarray,),
+                    array_text="a DeviceArray" if device else "a numpy.ndarray", group_host=revision.abi == 1,
+                    grad_x=get("grad_x"), grad_weight=get("grad_weight"), check_outputs=device)
+
+
+def _scalars(problem: Problem, revision: Revision) -> Tuple[float]:
+    return (_CLAMP_OFF[revision.abi] if problem.clamp_limit is None else problem.clamp_limit,)
+
+
+def _guard(problem: Problem, arguments: Mapping[str, Any], revision: Revision) -> bool:
+    """Refuses what the installed release is known to hang on; True when the counts are in
+    device memory (they may change between calls of a plan: check them on each)."""
+    group_index = arguments.get("group_index")
+    if group_index is None or not _releases.guard_active():
+        return False
+    tokens = math.prod(problem.x_shape[:-1])
+    if isinstance(group_index, DeviceArray):
+        _releases.check_group_index(group_index.to_numpy(), tokens)   # (waits for its writer)
+        return True
+    _releases.check_group_index(host_counts(group_index), tokens)
+    return False
+
+
+def _host_values(name: str, value: Union[np.ndarray, Sequence[int]]) -> np.ndarray:
+    return np.array(host_counts(value), dtype=np.int64)
+
+
 SWIGLU_GROUP_QUANT_GRAD = _aclnn.register(OperatorDescription(
     name="SwigluGroupQuantGrad",
     phase1="aclnnSwigluGroupQuantGradGetWorkspaceSize",
     phase2="aclnnSwigluGroupQuantGrad",
-    inputs=INPUTS, outputs=OUTPUTS, scalars=SCALARS,
-    # groupIndexOptional is an aclTensor * (revision 2) or an aclIntArray * (revision 1): one
-    # pointer either way, which the revision's marshaller fills.
-    phase1_argtypes=(_T, _T, _T, _T, c_void_p, c_double, _T, _T, POINTER(c_uint64), POINTER(_ffi.aclOpExecutor_p)),
-    validate=_validate, host_values=_host_values, revisions=REVISIONS, revision=_loader.call_revision,
-    phase1_thunk="acl_swiglu_phase1_swiglu_group_quant_grad",
+    thunk="acl_swiglu_phase1_swiglu_group_quant_grad",
+    revisions=REVISIONS, revision=_loader.call_revision,
+    validate=_validate, scalars=_scalars, host_values=_host_values, guard=_guard,
 ))
 _OP = SWIGLU_GROUP_QUANT_GRAD
+
+#: group_index of the device-level calls: host ints (revision 1) or an int64 DeviceArray (revision 2).
+GroupIndex = Union[DeviceArray, np.ndarray, Sequence[int], None]
 
 
 def describe_arguments(message: str) -> str:
@@ -92,26 +95,30 @@ def swiglu_group_quant_grad(grad_y: np.ndarray, x: np.ndarray, weight: Optional[
     rest are zero), clamp_limit None (off) or > 0. Returns fresh arrays (grad_x like x,
     grad_weight like weight or None). Inputs are never modified.
     """
-    out = _aclnn.one_shot(_OP, (grad_y, x, weight, y_origin, group_index, None, None, clamp_limit))
+    out = _aclnn.one_shot(_OP, {"grad_y": grad_y, "x": x, "weight": weight, "y_origin": y_origin,
+                                "group_index": group_index, "clamp_limit": clamp_limit})
     return out["grad_x"], out.get("grad_weight")
 
 
 def swiglu_group_quant_grad_device(grad_y: DeviceArray, x: DeviceArray, weight: Optional[DeviceArray] = None,
                                    y_origin: Optional[DeviceArray] = None, group_index: GroupIndex = None,
-                                   clamp_limit: Optional[float] = None, *, grad_x: Optional[DeviceArray] = None, grad_weight: Optional[DeviceArray] = None,
+                                   clamp_limit: Optional[float] = None, *, grad_x: Optional[DeviceArray] = None,
+                                   grad_weight: Optional[DeviceArray] = None,
                                    stream: Optional[Stream] = None) -> Tuple[DeviceArray, Optional[DeviceArray]]:
     """Both phases on device arrays, queued on `stream` (default stream if None); returns
     (grad_x, grad_weight), allocated when not given. Does not wait: synchronise the stream, or
     call to_numpy() on an output (which waits for it). Revision 1 takes group_index as host
     ints; revision 2 as an int64 DeviceArray."""
     computed_x, computed_weight = _aclnn.device_call(
-        _OP, (grad_y, x, weight, y_origin, group_index, grad_x, grad_weight, clamp_limit), stream)
+        _OP, {"grad_y": grad_y, "x": x, "weight": weight, "y_origin": y_origin, "group_index": group_index,
+              "clamp_limit": clamp_limit, "grad_x": grad_x, "grad_weight": grad_weight}, stream)
     return computed_x, computed_weight   # type: ignore[return-value]   # (grad_x is always computed)
 
 
 def get_workspace_size(grad_y: DeviceArray, x: DeviceArray, weight: Optional[DeviceArray] = None,
                        y_origin: Optional[DeviceArray] = None, group_index: GroupIndex = None,
-                       clamp_limit: Optional[float] = None, *, grad_x: DeviceArray, grad_weight: Optional[DeviceArray] = None) -> Executor:
+                       clamp_limit: Optional[float] = None, *, grad_x: DeviceArray,
+                       grad_weight: Optional[DeviceArray] = None) -> Executor:
     """Phase 1 (aclnnSwigluGroupQuantGradGetWorkspaceSize) on device arrays: validates, and
     returns the Executor (``.workspace_size`` bytes of workspace needed, ``.launch()`` is phase 2).
     Revision 1 takes group_index as host ints; revision 2 as an int64 DeviceArray."""
@@ -143,10 +150,9 @@ class SwigluGroupQuantGradPlan(_plan.Plan):
     @property
     def grad_x(self) -> DeviceArray:
         """The device array the plan writes grad_x into (the one given, or the one it allocated)."""
-        return cast(DeviceArray, self._slots["grad_x"])
+        return cast(DeviceArray, self._arrays["grad_x"])
 
     @property
     def grad_weight(self) -> Optional[DeviceArray]:
         """The device array the plan writes grad_weight into, or None when the plan has no weight."""
-        return self._slots["grad_weight"]
-
+        return self._arrays.get("grad_weight")

@@ -1,34 +1,28 @@
 /*
- * aclnnSwigluGroupQuantGrad's phase-1 thunk for binding/lean.c: its prototype, so that a
- * repeated device-level call makes phase 1 from C. groupIndexOptional is an aclTensor * in
- * revision 2 and an aclIntArray * in revision 1: one pointer either way.
+ * aclnnSwigluGroupQuantGrad's phase-1 thunk (helper.h): its prototype, checked against the
+ * operator's header. groupIndexOptional is an aclTensor * in revision 2 and an aclIntArray * in
+ * revision 1 (the header declares revision 2): one pointer either way.
  */
-#include <stdint.h>
 #include <string.h>
 
-#include "lean.h"
-
-#if defined(_WIN32)
-#define THUNK_EXPORT
-#else
-#define THUNK_EXPORT __attribute__((visibility("default")))
-#endif
-
-typedef int32_t (*swiglu_group_quant_grad_phase1)(const void *grad_y, const void *x, const void *weight,
-                                                   const void *y_origin, const void *group_index, double clamp_limit,
-                                                   void *grad_x, void *grad_weight, uint64_t *workspace_size,
-                                                   void **executor);
+#include "aclnnop/aclnn_swiglu_group_quant_grad.h"
+#include "helper.h"
 
 enum { GRAD_Y, X, WEIGHT, Y_ORIGIN, GROUP_INDEX, GRAD_X, GRAD_WEIGHT };
+enum { CLAMP_LIMIT };
 
-THUNK_EXPORT int32_t acl_swiglu_phase1_swiglu_group_quant_grad(const void *phase1, void *const *handles,
-                                                                const uint64_t *scalars, uint64_t *workspace_size,
-                                                                void **executor)
+_Static_assert(__builtin_types_compatible_p(__typeof__(&aclnnSwigluGroupQuantGrad), helper_phase2),
+               "phase 2 has the common form");
+
+HELPER_EXPORT aclnnStatus acl_swiglu_phase1_swiglu_group_quant_grad(const void *phase1, void *const *handles,
+                                                                    const uint64_t *scalars,
+                                                                    uint64_t *workspace_size,
+                                                                    aclOpExecutor **executor)
 {
-    swiglu_group_quant_grad_phase1 call;
+    __typeof__(aclnnSwigluGroupQuantGradGetWorkspaceSize) *call;
     double clamp_limit;
-    memcpy(&call, &phase1, sizeof call);   /* (an object pointer to a function pointer, as dlsym's) */
-    memcpy(&clamp_limit, &scalars[0], sizeof clamp_limit);
+    memcpy(&call, &phase1, sizeof call);   /* (an object pointer to a function pointer, as from dlsym) */
+    memcpy(&clamp_limit, &scalars[CLAMP_LIMIT], sizeof clamp_limit);
     return call(handles[GRAD_Y], handles[X], handles[WEIGHT], handles[Y_ORIGIN], handles[GROUP_INDEX], clamp_limit,
                 handles[GRAD_X], handles[GRAD_WEIGHT], workspace_size, executor);
 }

@@ -31,6 +31,7 @@ The number of distinct faults injected is printed at the end of the module (and 
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import json
 import os
@@ -62,8 +63,10 @@ DTYPE_IDS = {F32: "fp32", F16: "fp16", BF16: "bf16"}
 PHASE1 = "aclnnSwigluGroupQuantGradGetWorkspaceSize"
 PHASE2 = "aclnnSwigluGroupQuantGrad"
 
-# Every C function the package declares (the two phase-1 revisions share one).
-DECLARED_APIS: Tuple[str, ...] = tuple(dict.fromkeys(decl.symbol for decl in _ffi.declarations()))
+# Every ACL function the package declares (the package's own helper is not ACL: the emulator
+# cannot fail its calls, only the ACL calls it makes).
+DECLARED_APIS: Tuple[str, ...] = tuple(dict.fromkeys(decl.symbol for decl in _ffi.declarations()
+                                                     if decl.library != "helper"))
 
 # Realistic codes per call (docs/c_abi.md). Phases get two codes each: every (api, N) of a
 # phase is injected once with each.
@@ -84,6 +87,9 @@ CODES: Dict[str, Tuple[int, ...]] = {
     "aclrtMemcpyAsync": (507000,),
     "aclrtMemset": (507000,),
     "aclGetRecentErrMsg": (500000,),         # returns text, no status: not injectable
+    "aclsysGetCANNVersion": (507000,),
+    "aclGetDeviceCapability": (507000,),
+    "aclrtGetDeviceInfo": (507000,),
     "aclCreateTensor": (561103,),            # ACLNN_ERR_INNER_NULLPTR (constructors return NULL)
     "aclDestroyTensor": (161002,),           # ACLNN_ERR_PARAM_INVALID
     "aclCreateIntArray": (561103,),
@@ -112,7 +118,8 @@ KIND_OF_DESTROYER = {"aclDestroyTensor": "tensor", "aclDestroyIntArray": "int_ar
                      "aclrtFree": "allocation"}
 
 # Declared but never called by the binding (only by users through _ffi, or not at all).
-NEVER_CALLED = {"aclrtGetDeviceCount", "aclrtMemcpyAsync", "aclrtMemset", "aclSetRawTensorAddr"}
+NEVER_CALLED = {"aclrtGetDeviceCount", "aclrtMemcpyAsync", "aclrtMemset", "aclSetRawTensorAddr", "aclsysGetCANNVersion",
+                "aclGetDeviceCapability", "aclrtGetDeviceInfo"}
 # Declared, called, but with no status to fail (the emulator has no fault hook in it).
 NOT_INJECTABLE = {"aclGetRecentErrMsg"}
 # Called once per process (aclInit) or at exit: injected in subprocesses (test_process_*).
@@ -155,14 +162,20 @@ def quiet_sync(stream) -> None:
 
 
 class DestroyLog:
-    """Wraps the raw destroy/free functions of the bound API (objects capture them when they are
-    made): records every destroy that failed, so the test can see which handle a swallowed
-    failure left live, and release it."""
+    """Finds the handles a failed destroy/free left live in the emulator (the binding, which
+    swallowed the failure, has dropped them), so the test can see which ones and release them.
+
+    Destroys made from Python go through the bound API's raw functions, which objects capture
+    when they are made: those are wrapped, and each failure recorded. A one-shot call makes its
+    destroys in the package's native helper; such a call owns nothing once it returns, so for
+    it (``mark(owns_nothing=True)``) every handle made since the mark and still live after a
+    collection is one a failed destroy left."""
 
     def __init__(self, monkeypatch):
-        api = _ffi.api()
+        api = self.api = _ffi.api()
         self.original = {}
         self.failed: List[Tuple[str, object, int]] = []
+        self.before: Optional[Dict[str, set]] = None
         for name in DESTROYERS:
             original = getattr(api.raw, name)
             self.original[name] = original
@@ -175,6 +188,12 @@ class DestroyLog:
 
             monkeypatch.setattr(api.raw, name, wrapper)
 
+    def mark(self, owns_nothing: bool) -> None:
+        self.before = None
+        if owns_nothing:
+            collect_and_release()
+            self.before = {kind: set(emulator.live_handles(kind)) for kind in KIND_OF_DESTROYER.values()}
+
     def recover(self) -> List[Tuple[str, int]]:
         """Destroys, for real, every handle whose destroy failed; returns (api, status) of each
         retry (0 = it was still live, i.e. the swallowed failure had left it behind)."""
@@ -182,6 +201,12 @@ class DestroyLog:
         failed, self.failed = self.failed, []
         for name, handle, _status in failed:
             retried.append((name, int(self.original[name](handle))))
+        if self.before is not None:
+            collect_and_release()
+            for name, kind in KIND_OF_DESTROYER.items():
+                for handle in sorted(set(emulator.live_handles(kind)) - self.before[kind]):
+                    destroy = self.original[name]
+                    retried.append((name, int(destroy(ctypes.cast(handle, destroy.argtypes[0])))))
         return retried
 
 
@@ -219,6 +244,7 @@ class Scenario:
 
     name = "scenario"
     abi = 2
+    owns_nothing = False   # once run() returns (a one-shot call)
 
     def setup(self):
         return None
@@ -248,6 +274,8 @@ class Scenario:
 
 
 class OneShot(Scenario):
+    owns_nothing = True
+
     def __init__(self, dtype, abi):
         self.dtype, self.abi = np.dtype(dtype), abi
         self.name = f"one-shot-{DTYPE_IDS[self.dtype]}-abi{abi}"
@@ -408,7 +436,10 @@ class ReleaseCached(Scenario):
             stack.enter_context(gw)
             acl_swiglu.default_stream().synchronize()
         counts = emulator.live_counts()
-        assert counts["stream"] == 1 and counts["allocation"] == 2, counts   # what is cached
+        # What is cached: the thread's one-shot stream (a one-shot call's workspace is in its
+        # arena), the default stream's pooled workspace, and the device-level call's executor with
+        # its six tensors.
+        assert (counts["stream"], counts["allocation"], counts["executor"], counts["tensor"]) == (1, 1, 1, 6), counts
 
     def run(self, ctx):
         acl_swiglu.release_cached()
@@ -428,6 +459,7 @@ class NewThread(Scenario):
     """A one-shot call on a thread that never used ACL (aclrtSetDevice on first use)."""
 
     name = "new-thread-one-shot"
+    owns_nothing = True
 
     def __init__(self):
         self.case = make_case(F32, 80)
@@ -489,6 +521,7 @@ def inject_once(scenario: Scenario, log: DestroyLog, plan: str, expect: List[Tup
     collect_and_release()
     start = emulator.live_counts()
     ctx = scenario.setup()
+    log.mark(scenario.owns_nothing)
     got = raised = None
     record.runs += 1
     tag = f"{scenario.name} [{plan}]"
@@ -635,14 +668,16 @@ def run_exploration(name: str, monkeypatch) -> Record:
 MUST_FIRE = {
     "one-shot": {"aclrtCreateStream", "aclrtMalloc", "aclrtMemcpy", "aclCreateTensor", PHASE1, PHASE2,
                  "aclrtSynchronizeStream", "aclDestroyTensor", "aclrtFree"},
-    "device": {"aclrtMalloc", "aclrtMemcpy", "aclCreateTensor", PHASE1, PHASE2, "aclrtSynchronizeDevice",
-               "aclDestroyTensor", "aclrtFree"},
+    # (a device-level call keeps its executor and tensors for the next call of the same layout)
+    "device": {"aclrtMalloc", "aclrtMemcpy", "aclCreateTensor", PHASE1, "aclSetAclOpExecutorRepeatable", PHASE2,
+               "aclrtSynchronizeDevice", "aclrtFree"},
     "phases": {"aclrtCreateStream", "aclrtDestroyStream", "aclrtMalloc", PHASE1, PHASE2, "aclrtSynchronizeStream"},
     "plan-build": {"aclCreateTensor", PHASE1, "aclSetAclOpExecutorRepeatable", PHASE2, "aclDestroyAclOpExecutor",
                    "aclDestroyTensor", "aclrtMalloc", "aclrtFree"},
     "plan-call": {"aclSetInputTensorAddr", "aclSetOutputTensorAddr", PHASE2, "aclrtSynchronizeStream",
                   "aclrtMemcpy"},
-    "release-cached": {"aclrtDestroyStream", "aclrtFree", "aclrtSynchronizeStream"},
+    "release-cached": {"aclrtDestroyStream", "aclrtFree", "aclrtSynchronizeStream", "aclDestroyAclOpExecutor",
+                       "aclDestroyTensor"},
     "new-thread": {"aclrtSetDevice"},
 }
 
@@ -653,6 +688,10 @@ def must_fire(name: str, abi: int) -> set:
             need = set(apis)
             if abi == 1 and prefix in ("one-shot", "device", "phases", "plan-build", "plan-call"):
                 need |= {"aclCreateIntArray", "aclDestroyIntArray"}
+            if abi == 1 and prefix == "plan-call":
+                # (new counts are read at phase 1: the plan makes a new executor on the new arrays)
+                need = (need - {"aclSetInputTensorAddr", "aclSetOutputTensorAddr"}) | {PHASE1,
+                                                                                    "aclSetAclOpExecutorRepeatable"}
             return need
     return set()
 

@@ -33,6 +33,10 @@ ACL_FUNC_VISIBILITY const char *aclEmuVersion(void);
 /* Live handles of one kind (-1 for an unknown kind). */
 ACL_FUNC_VISIBILITY int64_t aclEmuLiveCount(aclEmuHandleKind kind);
 
+/* The live handles of one kind: their number (-1 for an unknown kind), the first `capacity` of
+ * them written to `handles` (for tests that must release what a failed destroy left). */
+ACL_FUNC_VISIBILITY int64_t aclEmuLiveHandles(aclEmuHandleKind kind, void **handles, int64_t capacity);
+
 /* Bytes of device memory currently allocated. */
 ACL_FUNC_VISIBILITY int64_t aclEmuLiveBytes(void);
 

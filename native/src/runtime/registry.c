@@ -224,6 +224,25 @@ EMU_EXPORT int64_t aclEmuLiveCount(aclEmuHandleKind kind)
     return aclEmu_live_count(kind);
 }
 
+EMU_EXPORT int64_t aclEmuLiveHandles(aclEmuHandleKind kind, void **handles, int64_t capacity)
+{
+    if ((int)kind < 0 || kind >= ACL_EMU_KIND_COUNT || capacity < 0 || (handles == NULL && capacity > 0)) {
+        return -1;
+    }
+    int64_t found = 0;
+    pthread_mutex_lock(&registry_lock);
+    for (size_t i = 0; i < slot_capacity; i++) {
+        if (slots[i].key != EMPTY_SLOT && slots[i].key != TOMBSTONE && slots[i].kind == kind) {
+            if (found < capacity) {
+                handles[found] = (void *)slots[i].key;
+            }
+            found++;
+        }
+    }
+    pthread_mutex_unlock(&registry_lock);
+    return found;
+}
+
 int64_t aclEmu_report_live_handles(FILE *out)
 {
     pthread_mutex_lock(&registry_lock);

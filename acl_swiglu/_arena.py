@@ -1,0 +1,170 @@
+"""A one-shot call's device side: where every array goes in its single device allocation (an
+arena, each array 64-byte aligned, then the workspace), computed once per layout of the
+arguments, and the one call into the package's helper (binding/one_shot.c) that makes all of it,
+phase 1 and phase 2 included, and releases everything before it returns.
+
+Host arrays are read through NumPy's public interfaces only: the buffer protocol, or
+``ndarray.ctypes`` where the protocol cannot export them (read-only or strided arrays).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import struct
+from types import SimpleNamespace
+from typing import Any, Dict, List, NamedTuple, Sequence, Tuple
+
+import numpy as np
+
+from . import _ffi
+from ._device import contiguous_strides, element_span, host_element_strides
+from ._dtypes import acl_dtype
+from ._operator import HOST_INTS, OUTPUT, Operator, Signature
+
+ALIGNMENT = 64   # CANN wants 32-byte aligned tensor addresses
+_ABSENT, _FIRST_HOST_LIST = -1, -2
+
+# binding/one_shot.c's one_shot_step, as the call each one names (the operator's own phases are
+# named by the caller, with the operator's argument names).
+STEP_PHASE1, STEP_LAUNCH = 5, 7
+_STEP_APIS = {1: "aclrtMalloc", 2: "aclrtMemcpy", 3: "aclCreateTensor", 4: "aclCreateIntArray", 6: "aclrtMalloc",
+              8: "aclrtSynchronizeStream", 9: "aclrtMemcpy", 10: "acl_swiglu_one_shot"}
+_MADE_NULL = (3, 4)   # constructors that returned NULL: their message holds the code
+
+
+class _Api(ctypes.Structure):
+    """binding/one_shot.c's one_shot_api."""
+
+    _fields_ = [(name, ctypes.c_void_p) for name in (
+        "malloc", "free", "copy", "create_tensor", "destroy_tensor", "create_int_array", "destroy_int_array",
+        "destroy_executor", "synchronize", "get_message", "thunk", "phase1", "phase2")]
+
+
+class _Array(ctypes.Structure):
+    """binding/one_shot.c's one_shot_array."""
+
+    _fields_ = [("dims", ctypes.c_void_p), ("strides", ctypes.c_void_p), ("ndim", ctypes.c_uint64),
+                ("storage_numel", ctypes.c_int64), ("offset", ctypes.c_int64), ("nbytes", ctypes.c_uint64),
+                ("dtype", ctypes.c_int32), ("is_output", ctypes.c_int32)]
+
+
+class _Layout(ctypes.Structure):
+    """binding/one_shot.c's one_shot_layout."""
+
+    _fields_ = [("arrays", ctypes.c_void_p), ("array_count", ctypes.c_uint32), ("handle_count", ctypes.c_uint32),
+                ("handles", ctypes.c_void_p), ("host_list_count", ctypes.c_uint32), ("arena_bytes", ctypes.c_uint64)]
+
+
+def helper_api(operator: Operator, api: SimpleNamespace) -> _Api:
+    """The functions the helper calls, from the loaded libraries (once per operator and API)."""
+    description = operator.description
+    symbols = ("aclrtMalloc", "aclrtFree", "aclrtMemcpy", "aclCreateTensor", "aclDestroyTensor", "aclCreateIntArray",
+               "aclDestroyIntArray", "aclDestroyAclOpExecutor", "aclrtSynchronizeStream", "aclGetRecentErrMsg",
+               description.thunk, description.phase1, description.phase2)
+    return _Api(*(_ffi.c_address(api, symbol, description.phase1) for symbol in symbols))
+
+
+_BYTES = np.dtype(np.uint8)
+
+
+def host_address(array: np.ndarray) -> int:
+    """The address of a host array's first element, through the buffer protocol (a dtype the
+    protocol cannot name, such as bfloat16, exported as bytes), or ``ndarray.ctypes`` where the
+    protocol cannot export it writable and contiguous (read-only, strided or empty arrays)."""
+    try:
+        exported: Any = array if array.dtype.isbuiltin == 1 else array.view(_BYTES)
+        return ctypes.addressof(ctypes.c_char.from_buffer(exported))
+    except (TypeError, ValueError, BufferError):
+        return int(array.ctypes.data)
+
+
+class ArenaLayout(NamedTuple):
+    """One layout of a one-shot call's arguments, ready for the helper."""
+
+    layout: _Layout
+    keep: Tuple[Any, ...]   # the C arrays the layout points into
+    inputs: Tuple[Tuple[int, bool], ...]   # per input array: its argument position, copy in C order first?
+    outputs: Tuple[Tuple[str, Tuple[int, ...], np.dtype], ...]
+    host_lists: Tuple[int, ...]   # the argument position of each host-ints argument given
+    addresses: struct.Struct     # one uint64 per array
+    workspace: List[int]         # the workspace the arena reserves: the most phase 1 asked for
+
+
+def _int64s(values: Sequence[int]) -> "ctypes.Array[ctypes.c_int64]":
+    return (ctypes.c_int64 * max(len(values), 1))(*values)
+
+
+def arena_layout(operator: Operator, signature: Signature, values: Sequence[Any],
+                 outputs: Dict[str, Tuple[Tuple[int, ...], np.dtype]]) -> ArenaLayout:
+    """Places the given input arrays, then the outputs the call computes."""
+    names = operator.argument_names
+    arrays: List[_Array] = []
+    keep: List[Any] = []
+    index_of: Dict[str, int] = {}
+    inputs: List[Tuple[int, bool]] = []
+    size = 0
+
+    def place(shape: Tuple[int, ...], dtype: np.dtype, strides: Tuple[int, ...], is_output: bool) -> None:
+        nonlocal size
+        count = math.prod(shape)
+        span = element_span(shape, strides) if count else 0
+        nbytes = span * dtype.itemsize
+        offset = -1
+        if count:
+            offset = size
+            size += (nbytes + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+        dims, steps = _int64s(shape), _int64s(strides)
+        keep.extend((dims, steps))
+        arrays.append(_Array(ctypes.addressof(dims), ctypes.addressof(steps), len(shape), span, offset, nbytes,
+                             acl_dtype(dtype), is_output))
+
+    for param in signature.handles:
+        if param.kind == OUTPUT or param.kind == HOST_INTS:
+            continue
+        position = names.index(param.name)
+        array = values[position]
+        if array is None:
+            continue
+        strides = host_element_strides(array) if array.size else contiguous_strides(array.shape)
+        restage = strides is None
+        place(array.shape, array.dtype, contiguous_strides(array.shape) if restage else strides, False)
+        index_of[param.name] = len(arrays) - 1
+        inputs.append((position, restage))
+    placed_outputs = []
+    for name in signature.output_names:
+        if name in outputs:
+            shape, dtype = outputs[name]
+            place(tuple(shape), np.dtype(dtype), contiguous_strides(shape), True)
+            index_of[name] = len(arrays) - 1
+            placed_outputs.append((name, tuple(shape), np.dtype(dtype)))
+    host_positions: List[int] = []
+    handles: List[int] = []
+    for param in signature.handles:
+        if param.kind == HOST_INTS:
+            if values[names.index(param.name)] is None:
+                handles.append(_ABSENT)
+            else:
+                handles.append(_FIRST_HOST_LIST - len(host_positions))
+                host_positions.append(names.index(param.name))
+        else:
+            handles.append(index_of.get(param.name, _ABSENT))
+    table = (_Array * max(len(arrays), 1))(*arrays)
+    handle_table = (ctypes.c_int32 * max(len(handles), 1))(*handles)
+    layout = _Layout(ctypes.addressof(table), len(arrays), len(handles), ctypes.addressof(handle_table),
+                     len(host_positions), size)
+    return ArenaLayout(layout, (table, handle_table, *keep), tuple(inputs), tuple(placed_outputs),
+                       tuple(host_positions), struct.Struct(f"<{len(arrays)}Q"), [0])
+
+
+def raise_failure(operator: Operator, api: SimpleNamespace, status: int, step: int) -> None:
+    """Raises for a failed acl_swiglu_one_shot, naming the call that failed first, with the
+    message it left (read by the helper right after the failure)."""
+    message = api.hot.acl_swiglu_one_shot_message
+    description = operator.description
+    if step == STEP_PHASE1 or step == STEP_LAUNCH:
+        _ffi.raise_status(status, description.phase1 if step == STEP_PHASE1 else description.phase2, message,
+                          operator.describe_arguments)
+    if step in _MADE_NULL:
+        _ffi.raise_null(_STEP_APIS[step], message)
+    _ffi.raise_status(status, _STEP_APIS.get(step, "acl_swiglu_one_shot"), message)

@@ -1,0 +1,369 @@
+"""What the generic two-phase aclnn layer knows of an operator: its description (the C parameter
+list of each ABI revision, in order, with each parameter's kind; its validation; its phases), the
+``Operator`` that turns a description into calls, and the ``Executor`` phase 1 returns.
+
+Phase 1 (``<op>GetWorkspaceSize``) validates and returns an executor and a workspace size; phase 2
+(``<op>``) queues the work on a stream.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import struct
+from collections import OrderedDict
+from types import SimpleNamespace
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import _ffi
+from ._device import DeviceArray, DeviceBuffer, Stream, default_stream, lives_of, order_launch, record_launch
+from .errors import ArgumentError, HandleClosedError
+from .runtime import Owned, Use, runtime_api, state
+from .tensor import AclIntArray, AclTensor
+
+# Kinds of C parameter: handles (a tensor the call reads, one it writes, host int64 values as an
+# aclIntArray read at phase 1) and scalars.
+INPUT, OUTPUT, HOST_INTS = "input", "output", "host ints"
+INT64, BOOL, DOUBLE = "int64", "bool", "double"
+_HANDLE_KINDS = (INPUT, OUTPUT, HOST_INTS)
+_SCALAR_TYPES = {INT64: ctypes.c_int64, BOOL: ctypes.c_bool, DOUBLE: ctypes.c_double}
+_SCALAR_FORMATS = {INT64: "q", BOOL: "q", DOUBLE: "d"}   # each in an 8-byte slot (helper.h)
+
+
+class Param(NamedTuple):
+    """One C parameter of phase 1 (before ``workspaceSize`` and ``executor``)."""
+
+    name: str     # the Python argument
+    c_name: str   # as the operator's prototype (and CANN's messages) name it
+    kind: str
+
+
+class Revision(NamedTuple):
+    """One published ABI of an operator."""
+
+    abi: int
+    params: Tuple[Param, ...]   # phase 1's parameters, in C order
+    rules: object               # handed to the operator's validation
+
+
+class OperatorDescription(NamedTuple):
+    """An aclnn operator, for the generic layer.
+
+    ``validate(arguments, revision, device)`` checks a call's arrays and scalars (device: device
+    arrays, else NumPy arrays) and returns a problem whose ``outputs`` maps each output the call
+    computes to its (shape, dtype); it raises ArgumentError naming the argument and the rule. Its
+    result is reused for arguments of the same layout (types, shapes, dtypes, strides, scalar
+    values). ``guard(problem, arguments, revision)`` checks what depends on the arrays' contents
+    (a release known to hang on some values): it runs on every call. ``scalars(problem, revision)``
+    gives the scalar parameters' C values, in order. ``host_values(name, value)`` turns a
+    host-ints argument into a 1-D int64 array.
+    """
+
+    name: str
+    phase1: str
+    phase2: str
+    thunk: str   # the helper's phase-1 thunk of this operator (binding/<operator>.c)
+    revisions: Mapping[int, Revision]
+    revision: Callable[[], int]
+    validate: Callable[[Mapping[str, Any], Revision, bool], Any]
+    scalars: Callable[[Any, Revision], Tuple[Any, ...]]
+    host_values: Callable[[str, Any], np.ndarray]
+    guard: Callable[[Any, Mapping[str, Any], Revision], None]
+
+
+class Signature:
+    """The lookups a revision's calls need, computed once."""
+
+    def __init__(self, operator: "Operator", revision: Revision) -> None:
+        params = revision.params
+        self.revision = revision
+        self.abi = revision.abi
+        self.handles = tuple(p for p in params if p.kind in _HANDLE_KINDS)
+        self.scalar_params = tuple(p for p in params if p.kind not in _HANDLE_KINDS)
+        self.handle_names = tuple(p.name for p in self.handles)
+        self.input_names = tuple(p.name for p in self.handles if p.kind != OUTPUT)
+        self.output_names = tuple(p.name for p in self.handles if p.kind == OUTPUT)
+        self.host_names = tuple(p.name for p in self.handles if p.kind == HOST_INTS)
+        self.tensor_names = tuple(p.name for p in self.handles if p.kind != HOST_INTS)
+        self.scalar_names = tuple(p.name for p in self.scalar_params)
+        self.scalar_struct = struct.Struct("<" + "".join(_SCALAR_FORMATS[p.kind] for p in self.scalar_params))
+        self.argument_names = operator.argument_names
+        # aclSet{Input,Output}TensorAddr index: the position among the inputs, or the outputs
+        self.address_index = {name: (self.output_names if name in self.output_names else self.input_names).index(name)
+                              for name in self.tensor_names}
+
+    def phase1_arguments(self, handles: Mapping[str, Any], scalars: Sequence[Any]) -> List[Any]:
+        """Phase 1's arguments in C order (the handles as addresses, the scalars as C values)."""
+        values = iter(scalars)
+        out: List[Any] = []
+        for param in self.revision.params:
+            if param.kind in _HANDLE_KINDS:
+                handle = handles.get(param.name)
+                out.append(None if handle is None else getattr(handle, "address", handle))
+            else:
+                out.append(_SCALAR_TYPES[param.kind](next(values)))
+        return out
+
+    def pack_scalars(self, scalars: Sequence[Any]) -> bytes:
+        """The scalars as the helper's thunks read them: each in an 8-byte slot."""
+        return self.scalar_struct.pack(*scalars)
+
+
+_KEY_SCALARS = (float, int, bool)
+_PROBLEMS_KEPT = 256
+
+
+def layout_key(abi: int, values: Sequence[Any]) -> Optional[Tuple[Any, ...]]:
+    """What a call's validation depends on, as a tuple that is cheap to hash: types, dtypes,
+    shapes, strides and scalar values, in argument order; None when an argument is of a kind
+    whose checks look at more (sequences, subclasses, proxies): then nothing is reused."""
+    key: List[Any] = [abi]
+    for value in values:
+        kind = type(value)
+        if value is None:
+            key.append(None)
+        elif kind is DeviceArray:
+            key.append(value._layout_id)
+        elif kind is np.ndarray:
+            key.append((value.dtype, value.shape, value.strides))
+        elif kind in _KEY_SCALARS:
+            key.append((kind, value))
+        else:
+            return None
+    return tuple(key)
+
+
+class Operator:
+    """A described operator with the lookups every call needs, computed once."""
+
+    def __init__(self, description: OperatorDescription):
+        self.description = description
+        names: List[str] = []
+        c_names: Dict[str, str] = {}
+        for revision in description.revisions.values():
+            for param in revision.params:
+                if param.name not in names:
+                    names.append(param.name)
+                c_names[param.c_name] = param.name
+        self.argument_names = tuple(names)
+        self._signatures = {abi: Signature(self, revision) for abi, revision in description.revisions.items()}
+        self._problems: Dict[Tuple[Any, ...], Any] = {}
+        self.bindings: "OrderedDict[Tuple[Any, ...], Any]" = OrderedDict()   # device-level calls' executors
+        self._api: Optional[SimpleNamespace] = None
+        self._c_names = c_names
+        self._c_name_pattern = re.compile(r"\b(" + "|".join(map(re.escape, c_names)) + r")\b")
+
+    def signature(self) -> Signature:
+        """The revision calls use now."""
+        return self._signatures[self.description.revision()]
+
+    def declarations(self) -> Tuple[_ffi.Declaration, ...]:
+        """The operator's C functions, as _ffi rows (phase 1 with the prototype of the revision in
+        use at binding time: every revision passes one pointer per handle)."""
+        d = self.description
+        revision = d.revisions[max(d.revisions)]
+        argtypes = tuple(ctypes.c_void_p if p.kind in _HANDLE_KINDS else _SCALAR_TYPES[p.kind] for p in revision.params)
+        pointer = ctypes.c_void_p
+        return (_ffi.Declaration("operator", d.phase1, _ffi.aclnnStatus,
+                                 argtypes + (ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(_ffi.aclOpExecutor_p)),
+                                 _ffi.STATUS, fast=True),
+                _ffi.Declaration("operator", d.phase2, _ffi.aclnnStatus,
+                                 (pointer, ctypes.c_uint64, _ffi.aclOpExecutor_p, _ffi.aclrtStream_p), _ffi.STATUS,
+                                 fast=True),
+                _ffi.Declaration("helper", d.thunk, ctypes.c_int32, (pointer, pointer, pointer, pointer, pointer),
+                                 _ffi.PLAIN))
+
+    def api(self) -> SimpleNamespace:
+        """The C API with this operator's functions bound (on this thread's device)."""
+        api = runtime_api()
+        if self._api is not api:
+            self._api = _ffi.bind_operator(self.declarations(), self.description.phase1)
+        return api
+
+    def problem(self, signature: Signature, arguments: Mapping[str, Any], values: Sequence[Any],
+                device: bool) -> Any:
+        """The validated problem of these arguments (reused for the same layout)."""
+        key = layout_key(signature.abi * 2 + device, values)
+        problem = self._problems.get(key) if key is not None else None
+        if problem is None:
+            problem = self.description.validate(arguments, signature.revision, device)
+            if key is not None:
+                with state.lock:
+                    if len(self._problems) >= _PROBLEMS_KEPT:
+                        self._problems.clear()
+                    self._problems[key] = problem
+        return problem
+
+    def describe_arguments(self, message: str) -> str:
+        """'gradXOut is the grad_x argument, ...' for the C parameters a CANN message names."""
+        seen = dict.fromkeys(self._c_name_pattern.findall(message))
+        return ", ".join(f"{name} is the {self._c_names[name]} argument" for name in seen)
+
+    def check_status(self, api: SimpleNamespace, status: int, symbol: str) -> None:
+        """Raises for a failed operator call, saying which Python arguments its message means."""
+        if status != 0:
+            _ffi.raise_status(status, symbol, api.get_message, self.describe_arguments)
+
+    def phase1(self, api: SimpleNamespace, signature: Signature, handles: Mapping[str, Any],
+               scalars: Sequence[Any]) -> Tuple[ctypes.c_void_p, int]:
+        """Phase 1 on native handles by name (AclTensor, AclIntArray, an address, or absent):
+        (executor, workspace size)."""
+        size = ctypes.c_uint64()
+        executor = ctypes.c_void_p()
+        status = getattr(api.hot, self.description.phase1)(*signature.phase1_arguments(handles, scalars),
+                                                           ctypes.byref(size), ctypes.byref(executor))
+        self.check_status(api, status, self.description.phase1)
+        return executor, size.value
+
+
+def stream_argument(stream: object) -> Stream:
+    """The stream to use: the default one for None; a TypeError or HandleClosedError otherwise."""
+    if stream is None:
+        return default_stream()
+    if not isinstance(stream, Stream):
+        raise TypeError(f"stream must be an acl_swiglu.Stream or None, got {type(stream).__name__} (wrap a "
+                        "foreign aclrtStream with acl_swiglu.Stream.from_handle)")
+    stream.check_open("stream")
+    return stream
+
+
+def check_open(arrays: Mapping[str, Optional[DeviceArray]]) -> None:
+    for name, array in arrays.items():
+        if array is not None and array.closed:
+            raise HandleClosedError(f"{name} is a closed DeviceArray; its device memory was freed")
+
+
+def device_arrays(signature: Signature, arguments: Mapping[str, Any]) -> Dict[str, DeviceArray]:
+    """The device-array arguments given (tensor parameters only), by name."""
+    return {name: arguments[name] for name in signature.tensor_names if arguments.get(name) is not None}
+
+
+def host_lists(operator: Operator, signature: Signature, arguments: Mapping[str, Any]) -> Dict[str, np.ndarray]:
+    """The host-ints arguments given, as int64 arrays."""
+    describe = operator.description.host_values
+    return {name: describe(name, arguments[name]) for name in signature.host_names if arguments.get(name) is not None}
+
+
+def destroy_unlaunched(api: SimpleNamespace, executor: ctypes.c_void_p) -> None:
+    """Destroys a single-use executor that never reached phase 2, while another error is raised
+    (a failure here must not show up in the next error of this thread)."""
+    if api.raw.aclDestroyAclOpExecutor(ctypes.cast(executor, _ffi.aclOpExecutor_p)):
+        _ffi.drop_message(api.get_message)
+
+
+def _destroyer(raw_destroy: Callable[[Any], int], tensors: Dict[str, AclTensor]) -> Callable[[Any], int]:
+    """Destroys an executor, then the tensors it was made on (they must outlive it)."""
+    def destroy(handle: Any) -> int:
+        status = raw_destroy(handle)
+        for tensor in tensors.values():
+            tensor.close()
+        return status
+    return destroy
+
+
+class Executor(Owned):
+    """The aclOpExecutor phase 1 returned, with the arrays it was made for and its own tensors.
+
+    Single-use unless made repeatable: ``launch`` consumes a single-use one (CANN frees it), a
+    repeatable one lives until close(). The executor holds its arrays, so they stay allocated
+    while it lives; a closed one makes ``launch`` fail.
+    """
+
+    _kind = "Executor"
+
+    def __init__(self, operator: Operator, signature: Signature, arrays: Dict[str, DeviceArray],
+                 host_values: Mapping[str, np.ndarray], scalars: Sequence[Any]) -> None:
+        super().__init__()
+        self.workspace_size = 0
+        self.repeatable = False
+        self.launches = 0
+        self._operator = operator
+        self._arrays = dict(arrays)
+        self._inputs = [a for name, a in self._arrays.items() if name not in signature.output_names]
+        self._outputs = [a for name, a in self._arrays.items() if name in signature.output_names]
+        self._tensors: Dict[str, AclTensor] = {}
+        self._hold = Use(lives_of(self._arrays.values()))   # the arrays, until closed or consumed
+        api = operator.api()
+        handle = _ffi.aclOpExecutor_p()
+        self._prepare(_destroyer(api.raw.aclDestroyAclOpExecutor, self._tensors), handle)
+        try:
+            if not self._hold.take():
+                check_open(self._arrays)
+            for name, array in self._arrays.items():
+                self._tensors[name] = AclTensor(array)
+            lists = {}
+            try:
+                for name, values in host_values.items():
+                    lists[name] = AclIntArray(values)
+                handles: Dict[str, Any] = dict(self._tensors)
+                handles.update(lists)
+                size = ctypes.c_uint64()
+                status = getattr(api.hot, operator.description.phase1)(
+                    *signature.phase1_arguments(handles, scalars), ctypes.byref(size), ctypes.byref(handle))
+            finally:
+                for host in lists.values():   # (read by phase 1: freed right after it)
+                    host.close()
+            operator.check_status(api, status, operator.description.phase1)
+        except BaseException:
+            self.close()
+            raise
+        self.workspace_size = int(size.value)
+
+    def make_repeatable(self) -> None:
+        """aclSetAclOpExecutorRepeatable: keep the executor for many launches."""
+        self.check_open()
+        runtime_api().aclSetAclOpExecutorRepeatable(self)
+        self.repeatable = True
+
+    def launch(self, stream: Optional[Stream] = None, workspace: Optional[DeviceBuffer] = None) -> None:
+        """Phase 2 on `stream` (default stream if None). The work runs asynchronously: wait
+        with stream.synchronize() or read an output with to_numpy(), which waits for its writer."""
+        stream = stream_argument(stream)
+        if workspace is not None and not isinstance(workspace, DeviceBuffer):
+            raise TypeError(f"workspace must be an acl_swiglu.DeviceBuffer or None, got {type(workspace).__name__}")
+        use = Use((self._life, stream._life, *lives_of(self._arrays.values())))
+        try:
+            epoch = state.epoch
+            if not use.take():
+                self.check_open("this repeatable Executor" if self.repeatable else
+                                "this Executor (a single-use executor is consumed by its launch, or by close())")
+                stream.check_open("stream")
+                check_open(self._arrays)
+            if workspace is not None:
+                if not use.add(workspace._life):
+                    workspace.check_open("workspace")
+                if self.workspace_size and workspace.nbytes < self.workspace_size:
+                    raise ArgumentError(f"workspace has {workspace.nbytes} bytes; phase 1 asked for "
+                                        f"{self.workspace_size}")
+                address: Optional[int] = workspace.ptr if self.workspace_size else None
+            else:
+                address = stream.take_workspace(self.workspace_size, use) if self.workspace_size else None
+            order_launch(self._inputs, self._outputs, stream._life)
+            self._launch_now(address, stream)
+            record_launch(self._inputs, self._outputs, stream._life)
+            if state.epoch != epoch:
+                check_open(self._arrays)   # closed by another thread during the launch: it must not succeed
+        finally:
+            use.let_go(stream._life)
+
+    def _launch_now(self, workspace: Optional[int], stream: Stream) -> None:
+        api = self._operator.api()
+        phase2 = self._operator.description.phase2
+        handle = self._as_parameter_
+        status = getattr(api.hot, phase2)(ctypes.c_void_p(workspace), ctypes.c_uint64(self.workspace_size), handle,
+                                          stream._address)
+        self.launches += 1
+        if not self.repeatable:
+            # CANN consumed it, failed or not: never destroy it ourselves.
+            self._disown()
+            for tensor in self._tensors.values():
+                tensor.close()   # (a queued launch keeps what it needs of them)
+            self._hold.let_go(stream._life)
+        self._operator.check_status(api, status, phase2)
+
+    def close(self) -> None:
+        """Destroys the executor (then its tensors) once nothing uses it, and lets go of its arrays."""
+        super().close()
+        self._hold.let_go()
