@@ -128,7 +128,7 @@ def arena_layout(operator: Operator, signature: Signature, values: Sequence[Any]
             continue
         strides = host_element_strides(array) if array.size else contiguous_strides(array.shape)
         restage = strides is None
-        place(array.shape, array.dtype, contiguous_strides(array.shape) if restage else strides, False)
+        place(array.shape, array.dtype, contiguous_strides(array.shape) if strides is None else strides, False)
         index_of[param.name] = len(arrays) - 1
         inputs.append((position, restage))
     placed_outputs = []

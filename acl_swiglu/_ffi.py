@@ -22,7 +22,7 @@ import re
 import threading
 from ctypes import POINTER, c_char_p, c_int, c_int32, c_int64, c_size_t, c_uint32, c_uint64, c_void_p
 from types import SimpleNamespace
-from typing import Any, Callable, Dict, List, NamedTuple, NoReturn, Optional, Sequence, Tuple, Type
+from typing import Any, Callable, List, NamedTuple, NoReturn, Optional, Sequence, Tuple, Type
 
 from . import _loader
 from .errors import AclError, error_class
@@ -284,8 +284,7 @@ def c_address(bound: SimpleNamespace, symbol: str, operator_symbol: Optional[str
         library = bound.operators[operator_symbol or symbol]
     else:
         library = {"runtime": bound.libraries.runtime, "meta": bound.libraries.meta, "helper": bound.helper}[row.library]
-    address: int = ctypes.cast(library[symbol], c_void_p).value
-    return address
+    return ctypes.cast(library[symbol], c_void_p).value or 0
 
 
 def api() -> SimpleNamespace:

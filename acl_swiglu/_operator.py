@@ -56,7 +56,9 @@ class OperatorDescription(NamedTuple):
     computes to its (shape, dtype); it raises ArgumentError naming the argument and the rule. Its
     result is reused for arguments of the same layout (types, shapes, dtypes, strides, scalar
     values). ``guard(problem, arguments, revision)`` checks what depends on the arrays' contents
-    (a release known to hang on some values): it runs on every call. ``scalars(problem, revision)``
+    (a release known to hang on some values): it runs on every call, and says whether what it
+    checked can change without the arguments changing (contents in device memory): then a plan
+    runs it before each of its launches too. ``scalars(problem, revision)``
     gives the scalar parameters' C values, in order. ``host_values(name, value)`` turns a
     host-ints argument into a 1-D int64 array.
     """
@@ -70,7 +72,7 @@ class OperatorDescription(NamedTuple):
     validate: Callable[[Mapping[str, Any], Revision, bool], Any]
     scalars: Callable[[Any, Revision], Tuple[Any, ...]]
     host_values: Callable[[str, Any], np.ndarray]
-    guard: Callable[[Any, Mapping[str, Any], Revision], None]
+    guard: Callable[[Any, Mapping[str, Any], Revision], bool]
 
 
 class Signature:
@@ -253,14 +255,42 @@ def destroy_unlaunched(api: SimpleNamespace, executor: ctypes.c_void_p) -> None:
         _ffi.drop_message(api.get_message)
 
 
-def _destroyer(raw_destroy: Callable[[Any], int], tensors: Dict[str, AclTensor]) -> Callable[[Any], int]:
-    """Destroys an executor, then the tensors it was made on (they must outlive it)."""
+def make_executor(owner: Owned, operator: Operator, signature: Signature, arrays: Mapping[str, DeviceArray],
+                  host_values: Mapping[str, np.ndarray], scalars: Sequence[Any]) -> Tuple[Dict[str, AclTensor], int]:
+    """Phase 1 on tensors made for these arrays (and int arrays of these host values): the
+    executor is owned by `owner` from the moment phase 1 writes it, and destroyed before its
+    tensors. Returns the tensors and the workspace size."""
+    api = operator.api()
+    tensors: Dict[str, AclTensor] = {}
+    raw_destroy: Callable[[Any], int] = api.raw.aclDestroyAclOpExecutor
+
     def destroy(handle: Any) -> int:
         status = raw_destroy(handle)
         for tensor in tensors.values():
-            tensor.close()
+            tensor.close()   # (they must outlive the executor)
         return status
-    return destroy
+
+    handle = _ffi.aclOpExecutor_p()
+    owner._prepare(destroy, handle)
+    try:
+        for name, array in arrays.items():
+            tensors[name] = AclTensor(array)
+        lists: Dict[str, AclIntArray] = {}
+        try:
+            for name, values in host_values.items():
+                lists[name] = AclIntArray(values)
+            size = ctypes.c_uint64()
+            status = getattr(api.hot, operator.description.phase1)(
+                *signature.phase1_arguments({**tensors, **lists}, scalars), ctypes.byref(size), ctypes.byref(handle))
+        finally:
+            for host in lists.values():   # (read by phase 1: freed right after it)
+                host.close()
+        operator.check_status(api, status, operator.description.phase1)
+    except BaseException:
+        for tensor in tensors.values():
+            tensor.close()
+        raise
+    return tensors, int(size.value)
 
 
 class Executor(Owned):
@@ -285,31 +315,14 @@ class Executor(Owned):
         self._outputs = [a for name, a in self._arrays.items() if name in signature.output_names]
         self._tensors: Dict[str, AclTensor] = {}
         self._hold = Use(lives_of(self._arrays.values()))   # the arrays, until closed or consumed
-        api = operator.api()
-        handle = _ffi.aclOpExecutor_p()
-        self._prepare(_destroyer(api.raw.aclDestroyAclOpExecutor, self._tensors), handle)
         try:
             if not self._hold.take():
                 check_open(self._arrays)
-            for name, array in self._arrays.items():
-                self._tensors[name] = AclTensor(array)
-            lists = {}
-            try:
-                for name, values in host_values.items():
-                    lists[name] = AclIntArray(values)
-                handles: Dict[str, Any] = dict(self._tensors)
-                handles.update(lists)
-                size = ctypes.c_uint64()
-                status = getattr(api.hot, operator.description.phase1)(
-                    *signature.phase1_arguments(handles, scalars), ctypes.byref(size), ctypes.byref(handle))
-            finally:
-                for host in lists.values():   # (read by phase 1: freed right after it)
-                    host.close()
-            operator.check_status(api, status, operator.description.phase1)
+            self._tensors, self.workspace_size = make_executor(self, operator, signature, arrays, host_values,
+                                                               scalars)
         except BaseException:
             self.close()
             raise
-        self.workspace_size = int(size.value)
 
     def make_repeatable(self) -> None:
         """aclSetAclOpExecutorRepeatable: keep the executor for many launches."""

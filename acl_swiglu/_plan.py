@@ -20,10 +20,10 @@ import numpy as np
 
 from . import _ffi
 from ._device import DeviceArray, DeviceBuffer, Stream, lives_of, order_launch, record_launch
-from ._operator import (Operator, Signature, check_open, device_arrays, host_lists, stream_argument, _destroyer)
+from ._operator import Operator, Signature, check_open, device_arrays, host_lists, make_executor, stream_argument
 from .errors import ArgumentError, HandleClosedError
 from .runtime import Owned, Use, at_fork_in_child, in_forked_child, runtime_api, state
-from .tensor import AclIntArray, AclTensor
+from .tensor import AclTensor
 
 
 class _Launch(ctypes.Structure):
@@ -58,34 +58,16 @@ class Binding(Owned):
         self.lock = threading.Lock()
         self.operator = operator
         self.tensors: Dict[str, AclTensor] = {}
-        api = operator.api()
-        handle = _ffi.aclOpExecutor_p()
-        self._prepare(_destroyer(api.raw.aclDestroyAclOpExecutor, self.tensors), handle)
         try:
-            for name, array in arrays.items():
-                self.tensors[name] = AclTensor(array)
-            lists: Dict[str, AclIntArray] = {}
-            try:
-                for name, values in host_values.items():
-                    lists[name] = AclIntArray(values)
-                handles: Dict[str, Any] = {**self.tensors, **lists}
-                size = ctypes.c_uint64()
-                status = getattr(api.hot, operator.description.phase1)(
-                    *signature.phase1_arguments(handles, scalars), ctypes.byref(size), ctypes.byref(handle))
-            finally:
-                for host in lists.values():   # (read by phase 1: freed right after it)
-                    host.close()
-            operator.check_status(api, status, operator.description.phase1)
-            api.aclSetAclOpExecutorRepeatable(handle)
+            self.tensors, self.workspace_size = make_executor(self, operator, signature, arrays, host_values, scalars)
+            api = operator.api()
+            api.aclSetAclOpExecutorRepeatable(self._life.handle)
         except BaseException:
-            for tensor in self.tensors.values():
-                tensor.close()
             self.close()
             raise
-        self.workspace_size = int(size.value)
         self.host_values = {name: tuple(int(v) for v in values) for name, values in host_values.items()}
         self.addresses: Dict[str, Optional[int]] = {name: array.ptr for name, array in arrays.items()}
-        executor = ctypes.c_void_p(ctypes.cast(handle, ctypes.c_void_p).value)
+        executor = ctypes.c_void_p(ctypes.cast(self._life.handle, ctypes.c_void_p).value)
         self.setters = {}
         for name, tensor in self.tensors.items():
             output = name in signature.output_names
@@ -127,9 +109,6 @@ class Binding(Owned):
         status = setter(executor, index, tensor, ctypes.c_void_p(address or None))
         if status:
             self.operator.check_status(self.operator.api(), status, symbol)
-
-
-_flags = {True: True, False: False, 1: True, 0: False}
 
 
 def _flag(value: Any) -> bool:
@@ -311,18 +290,18 @@ class Plan:
             return
         arguments = {**self._arguments, **changes, **hosts}
         guarded = self._operator.description.guard(self._problem, arguments, signature.revision)
-        arrays = {**self._arrays, **changes}
+        bound = {**self._arrays, **changes}
         self._checked_at = -1   # whatever happens from here, the next launch checks and points first
         if new_hosts:
-            self._regroup(arrays, {**{n: np.asarray(v, np.int64) for n, v in binding.host_values.items()}, **hosts})
+            self._regroup(bound, {**{n: np.asarray(v, np.int64) for n, v in binding.host_values.items()}, **hosts})
         else:
-            binding.bind(arrays)
+            binding.bind(bound)
         old = [self._arrays[name] for name in changes]
         for array in changes.values():
             for life in array._lives():
                 self._use.add(life)
-        self._arrays, self._arguments, self._guarded = arrays, arguments, guarded
-        self._use.drop(lives_of(a for a in old if all(a is not b for b in arrays.values())), self.stream._life)
+        self._arrays, self._arguments, self._guarded = bound, arguments, guarded
+        self._use.drop(lives_of(a for a in old if all(a is not b for b in bound.values())), self.stream._life)
         self._set_outputs()
 
     def _check_rebind(self, name: str, array: Any) -> None:

@@ -150,7 +150,7 @@ class SwigluGroupQuantGradPlan(_plan.Plan):
     @property
     def grad_x(self) -> DeviceArray:
         """The device array the plan writes grad_x into (the one given, or the one it allocated)."""
-        return cast(DeviceArray, self._arrays["grad_x"])
+        return self._arrays["grad_x"]
 
     @property
     def grad_weight(self) -> Optional[DeviceArray]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ctypes
-from typing import Sequence
+from typing import Sequence, Union
 
 import numpy as np
 
@@ -43,7 +43,7 @@ class AclIntArray(Owned):
 
     _kind = "AclIntArray"
 
-    def __init__(self, values: Sequence[int]):
+    def __init__(self, values: Union[Sequence[int], np.ndarray]):
         super().__init__()
         api = runtime_api()
         host = np.ascontiguousarray(values, dtype=np.int64)

@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import device_model  # noqa: E402
 
 import acl_swiglu  # noqa: E402
-from acl_swiglu import _aclnn, emulator, errors, reference  # noqa: E402
+from acl_swiglu import emulator, errors, reference, runtime  # noqa: E402
 
 pytestmark = pytest.mark.emulator_only
 
@@ -301,13 +301,10 @@ def test_threads_that_ended_leave_nothing_live_after_release_cached():
         gc.collect()
         acl_swiglu.swiglu_group_quant_grad(*case, CLAMP)   # frees what the ended threads left
         cached = emulator.live_counts()
-        # A thread's cached stream and its workspace go when the thread ends: only the main
-        # thread's stream stays, with a pooled workspace if its call took one (the first call of
-        # a layout does, and so does every call made without the C helper; the helper's later
-        # calls of a layout hold their workspace in their own arena).
-        main_pool = _aclnn.thread_stream()._workspace
+        # A thread's cached stream goes when the thread ends: only the main thread's stays (a
+        # one-shot call's workspace is in its own arena, freed before it returns).
         assert cached["tensor"] == cached["int_array"] == cached["executor"] == 0, cached
-        assert cached["stream"] == 1 and cached["allocation"] == (0 if main_pool is None else 1), (cached, main_pool)
+        assert cached["stream"] == 1 and cached["allocation"] == 0, cached
         assert_nothing_live()
 
 
@@ -466,13 +463,12 @@ def test_fork_while_another_thread_is_busy_in_the_package_does_not_hang(tmp_path
     pytest.param(("one_shot", "to_device", "stream"), id="new-work"),
 ])
 def test_fork_while_other_threads_are_inside_the_package_does_not_hang(attempts, tmp_path):
-    """The deterministic form of the test above. At the fork, one thread is inside
-    Stream.run_with_workspace on the default stream (public API: its launch callback runs with
-    the stream's workspace-pool lock held, as every pooled launch does) and another is in the
-    middle of a call of a plan (simulated by holding that plan's lock: a busy thread holds it
-    most of the time, see the test above). The child then tries the package: release_cached()
-    (which frees the default stream's workspace), the inherited plan, or new work. A clear
-    error or a working call, never a hang."""
+    """The deterministic form of the test above. At the fork, one thread holds the package's
+    state lock (as every call does for a moment) and another is in the middle of a call of a
+    plan (simulated by holding that plan's lock: a busy thread holds it most of the time, see the
+    test above). The child then tries the package: release_cached() (which frees the default
+    stream's workspace), the inherited plan, or new work. A clear error or a working call, never
+    a hang."""
     case = make_case(23, F32)
     with ExitStack() as stack:
         d = [stack.enter_context(acl_swiglu.to_device(a)) for a in case[:2]]
@@ -486,9 +482,10 @@ def test_fork_while_other_threads_are_inside_the_package_does_not_hang(attempts,
         _INHERITED["plan"] = plan
         inside, leave = threading.Event(), threading.Event()
 
-        def hold(workspace_ptr):
-            inside.set()
-            leave.wait(JOIN_TIMEOUT)
+        def hold():
+            with runtime.state.lock:
+                inside.set()
+                leave.wait(JOIN_TIMEOUT)
 
         def in_plan_call():
             with plan._lock:   # what a thread in the middle of plan() holds
@@ -496,7 +493,7 @@ def test_fork_while_other_threads_are_inside_the_package_does_not_hang(attempts,
                 leave.wait(JOIN_TIMEOUT)
 
         inside_plan = threading.Event()
-        holder = threading.Thread(target=acl_swiglu.default_stream().run_with_workspace, args=(16384, hold))
+        holder = threading.Thread(target=hold)
         caller = threading.Thread(target=in_plan_call)
         holder.start()
         caller.start()

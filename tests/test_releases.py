@@ -263,15 +263,20 @@ def test_revision_1_host_counts_are_checked_at_phase_1_and_plan_construction(can
 
 
 @pytest.mark.parametrize("abi", [2], indirect=True)
-def test_revision_2_device_counts_cannot_be_seen_so_they_are_not_checked(cann_9_1, abi):
+def test_revision_2_device_counts_are_read_back_and_checked(cann_9_1, abi):
+    """In device memory the counts can change between calls: each call on an affected release
+    reads them (after their writer) and refuses a hang, the first call of a layout or a later one."""
     import acl_swiglu
 
     gy, x = _problem()
     with acl_swiglu.to_device(gy) as d_gy, acl_swiglu.to_device(x) as d_x, \
-            acl_swiglu.to_device(np.array([3], np.int64)) as d_gi:
+            acl_swiglu.to_device(np.array([0], np.int64)) as d_gi:
         grad_x, _ = acl_swiglu.swiglu_group_quant_grad_device(d_gy, d_x, group_index=d_gi)
         with grad_x:
-            assert grad_x.to_numpy()[:3].any() and not grad_x.to_numpy()[3:].any()
+            assert not grad_x.to_numpy().any()   # trunc 0: safe, every row zero
+            d_gi.copy_from(np.array([3], np.int64))
+            with pytest.raises(ReleaseLimitationError, match="trunc = 3"):
+                acl_swiglu.swiglu_group_quant_grad_device(d_gy, d_x, group_index=d_gi, grad_x=grad_x)
 
 
 RELEASE_CALL = """
