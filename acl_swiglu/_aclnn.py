@@ -14,7 +14,7 @@ import math
 import threading
 import weakref
 from collections import OrderedDict
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -43,7 +43,6 @@ def register(description: OperatorDescription) -> Operator:
 _thread_state = threading.local()
 _thread_streams_lock = threading.Lock()
 _thread_streams: "weakref.WeakSet[Stream]" = weakref.WeakSet()
-_arena_layouts: Dict[Tuple[Any, ...], ArenaLayout] = {}
 _helper_apis: Dict[Tuple[int, int], Any] = {}
 _KEPT = 256
 
@@ -98,8 +97,6 @@ def release_cached() -> None:
 def _host_array(value: Any) -> Any:
     """A NumPy array argument as the array it stands for: a subclass or a proxy becomes the plain
     ndarray over the same memory, and an array in non-native byte order a converted copy."""
-    if value is None or type(value) is np.ndarray and value.dtype.isnative:
-        return value
     if isinstance(value, np.ndarray):
         value = np.asarray(value)
         if not value.dtype.isnative:
@@ -107,29 +104,54 @@ def _host_array(value: Any) -> Any:
     return value
 
 
+class _OneShotLayout(NamedTuple):
+    """What a one-shot call of one layout (and scalar values) needs before any data moves."""
+
+    problem: Any
+    scalars: bytes
+    arena: ArenaLayout
+
+
+def _one_shot_layout(operator: Operator, signature: Signature, values: List[Any]) -> _OneShotLayout:
+    key = layout_key(signature.abi, values)
+    entry = operator.one_shots.get(key) if key is not None else None
+    if entry is None:
+        description = operator.description
+        problem = description.validate(dict(zip(operator.argument_names, values)), signature.revision, False)
+        entry = _OneShotLayout(problem, signature.pack_scalars(description.scalars(problem, signature.revision)),
+                               arena_layout(operator, signature, values, problem.outputs))
+        if key is not None:
+            with state.lock:
+                if len(operator.one_shots) >= _KEPT:
+                    operator.one_shots.clear()
+                operator.one_shots[key] = entry
+    return entry
+
+
 def one_shot(operator: Operator, given: Dict[str, Any]) -> Dict[str, np.ndarray]:
     """Both phases on NumPy arrays (`given` by argument name): copies to the device, runs, copies
-    back; the outputs the call computes, as fresh host arrays by name."""
+    back; the outputs the call computes, as fresh host arrays by name. Validation and the arena
+    are made once per layout; what depends on the arrays' contents is checked on every call."""
     signature = operator.signature()
-    values = [_host_array(given.get(name)) for name in operator.argument_names]
-    arguments = dict(zip(operator.argument_names, values))
+    values = [given.get(name) for name in operator.argument_names]
+    for index, value in enumerate(values):
+        if value is not None and (type(value) is not np.ndarray or not value.dtype.isnative):
+            values[index] = _host_array(value)
+    layout = _one_shot_layout(operator, signature, values)
     description = operator.description
-    problem = operator.problem(signature, arguments, values, False)
-    description.guard(problem, arguments, signature.revision)
-    scalars = signature.pack_scalars(description.scalars(problem, signature.revision))
-    layout = _arena_layout(operator, signature, values, problem.outputs)
+    description.guard(layout.problem, given, signature.revision)
+    arena = layout.arena
     results = []
-    for name, shape, dtype in layout.outputs:
+    for name, shape, dtype in arena.outputs:
         try:
             results.append(np.empty(shape, dtype))
         except MemoryError:
             raise HostMemoryError(f"the result {name} has shape {shape}: it needs "
                                   f"{math.prod(shape) * dtype.itemsize} bytes, more than this host can allocate") from None
     hosts = [values[position] if not restage else np.ascontiguousarray(values[position])
-             for position, restage in layout.inputs]
-    addresses = layout.addresses.pack(*map(host_address, hosts), *map(host_address, results))
-    lists = [description.host_values(operator.argument_names[p], values[p]) for p in layout.host_lists]
-    packed_lists = b"".join(_host_list(values) for values in lists)
+             for position, restage in arena.inputs]
+    addresses = arena.addresses.pack(*map(host_address, hosts), *map(host_address, results))
+    lists = [description.host_values(operator.argument_names[p], values[p]) for p in arena.host_lists]
     api = operator.api()
     functions = _helper_apis.get((id(api), id(operator)))
     if functions is None:
@@ -138,16 +160,16 @@ def one_shot(operator: Operator, given: Dict[str, Any]) -> Dict[str, np.ndarray]
     use = Use()
     try:
         stream = _held_thread_stream(use)
-        status = api.hot.acl_swiglu_one_shot(ctypes.byref(functions[1]), ctypes.byref(layout.layout), addresses,
-                                             packed_lists or None, scalars, ctypes.c_uint64(layout.workspace[0]),
-                                             stream._address, report)
+        status = api.hot.acl_swiglu_one_shot(functions[1].reference, arena.reference, addresses,
+                                             b"".join(map(_host_list, lists)) if lists else None, layout.scalars,
+                                             ctypes.c_uint64(arena.workspace[0]), stream._address, report)
     finally:
         use.let_go()
-    if report[2] > layout.workspace[0]:
-        layout.workspace[0] = report[2]   # (the next call's arena holds it)
+    if report[2] > arena.workspace[0]:
+        arena.workspace[0] = report[2]   # (the next call's arena holds it)
     if status:
         raise_failure(operator, api, status, report[0])
-    return {output[0]: result for output, result in zip(layout.outputs, results)}
+    return dict(zip(arena.names, results))
 
 
 def _host_list(values: np.ndarray) -> bytes:
@@ -164,23 +186,42 @@ def _held_thread_stream(use: Use) -> Stream:
             return stream
 
 
-def _arena_layout(operator: Operator, signature: Signature, values: Sequence[Any],
-                  outputs: Dict[str, Tuple[Tuple[int, ...], np.dtype]]) -> ArenaLayout:
-    key = layout_key(signature.abi, values)
-    layout = _arena_layouts.get((id(operator), key)) if key is not None else None
-    if layout is None:
-        layout = arena_layout(operator, signature, values, outputs)
-        if key is not None:
-            with state.lock:
-                if len(_arena_layouts) >= _KEPT:
-                    _arena_layouts.clear()
-                _arena_layouts[(id(operator), key)] = layout
-    return layout
-
-
 # ---- device-level calls ----
 
 _BINDINGS_KEPT = 8   # per operator: the repeatable executors device-level calls reuse
+
+
+class _DeviceLayout(NamedTuple):
+    """What a device-level call of one layout (and scalar values) needs from its validation."""
+
+    problem: Any
+    scalars: Tuple[Any, ...]
+    given: Tuple[str, ...]     # the array arguments given (inputs, and the outputs given)
+    missing: Tuple[Tuple[str, Tuple[int, ...], np.dtype], ...]   # computed outputs not given: made
+    inputs: Tuple[str, ...]    # the arrays the call reads
+    outputs: Tuple[str, ...]   # the arrays it writes
+    key: Optional[Tuple[Any, ...]]
+
+
+def _device_layout(operator: Operator, signature: Signature, values: List[Any]) -> _DeviceLayout:
+    key = layout_key(signature.abi, values)
+    entry = operator.device_layouts.get(key) if key is not None else None
+    if entry is None:
+        description = operator.description
+        arguments = dict(zip(operator.argument_names, values))
+        problem = description.validate(arguments, signature.revision, True)
+        given = tuple(name for name in signature.tensor_names if arguments.get(name) is not None)
+        missing = tuple((name, tuple(shape), np.dtype(dtype)) for name, (shape, dtype) in problem.outputs.items()
+                        if arguments.get(name) is None)
+        entry = _DeviceLayout(problem, tuple(description.scalars(problem, signature.revision)), given, missing,
+                              tuple(name for name in given if name not in signature.output_names),
+                              tuple(name for name in signature.output_names if name in problem.outputs), key)
+        if key is not None:
+            with state.lock:
+                if len(operator.device_layouts) >= _KEPT:
+                    operator.device_layouts.clear()
+                operator.device_layouts[key] = entry
+    return entry
 
 
 def device_call(operator: Operator, given: Dict[str, Any], stream: Optional[Stream]) -> List[Optional[DeviceArray]]:
@@ -189,42 +230,37 @@ def device_call(operator: Operator, given: Dict[str, Any], stream: Optional[Stre
     not wait.
 
     Phase 1 is made once per layout of the arguments (and device, scalar and host values): its
-    repeatable executor is kept (a few per operator) and rebound to each call's addresses."""
+    repeatable executor is kept (a few per operator) and rebound to each call's addresses.
+    Validation is reused for the same layout; what depends on contents is checked every call."""
     signature = operator.signature()
     stream = default_stream() if stream is None else stream_argument(stream)
-    values = [given.get(name) for name in operator.argument_names]
-    arguments = dict(zip(operator.argument_names, values))
-    description = operator.description
-    revision = signature.revision
-    problem = operator.problem(signature, arguments, values, True)
-    description.guard(problem, arguments, revision)
-    scalars = description.scalars(problem, revision)
-    check_open(device_arrays(signature, arguments))   # (before anything is made)
+    layout = _device_layout(operator, signature, [given.get(name) for name in operator.argument_names])
+    operator.description.guard(layout.problem, given, signature.revision)
+    arrays = {name: given[name] for name in layout.given}
+    check_open(arrays)   # (before anything is made)
     made: List[DeviceArray] = []
     try:
-        for name, (shape, dtype) in problem.outputs.items():
-            if arguments.get(name) is None:
-                made.append(DeviceArray.empty(shape, dtype))
-                arguments[name] = made[-1]
-        _launch_bound(operator, signature, arguments, scalars, stream)
+        for name, shape, dtype in layout.missing:
+            made.append(DeviceArray.empty(shape, dtype))
+            arrays[name] = made[-1]
+        hosts = host_lists(operator, signature, given)
+        key = (layout.key or tuple(a._layout_id for a in arrays.values()), current_device(),
+               tuple(tuple(v.tolist()) for v in hosts.values()))
+        _launch_kept(operator, signature, key, layout, arrays, hosts, stream)
     except BaseException:
         for array in made:
             array.close()
         raise
-    return [arguments[name] if name in problem.outputs else None for name in signature.output_names]
+    return [arrays.get(name) for name in signature.output_names]
 
 
-def _launch_bound(operator: Operator, signature: Signature, arguments: Dict[str, Any], scalars: Tuple[Any, ...],
-                  stream: Stream) -> None:
-    """Rebinds the kept executor of these arguments' layout (made first if needed) and launches it."""
-    arrays = device_arrays(signature, arguments)
-    hosts = host_lists(operator, signature, arguments)
-    key = (signature.abi, current_device(), tuple((name, a._layout_id) for name, a in arrays.items()),
-           tuple((name, tuple(v.tolist())) for name, v in hosts.items()), scalars)
-    inputs = [a for name, a in arrays.items() if name not in signature.output_names]
-    outputs = [a for name, a in arrays.items() if name in signature.output_names]
+def _launch_kept(operator: Operator, signature: Signature, key: Tuple[Any, ...], layout: _DeviceLayout,
+                 arrays: Dict[str, DeviceArray], hosts: Dict[str, np.ndarray], stream: Stream) -> None:
+    """Rebinds the kept executor of this key (made first if needed) and launches it."""
+    inputs = [arrays[name] for name in layout.inputs]
+    outputs = [arrays[name] for name in layout.outputs]
     while True:
-        binding = _binding(operator, signature, key, arrays, hosts, scalars)
+        binding = _binding(operator, signature, key, arrays, hosts, layout.scalars)
         use = Use((stream._life, binding._life, *lives_of(arrays.values())))
         with binding.lock:
             try:

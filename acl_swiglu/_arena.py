@@ -56,13 +56,19 @@ class _Layout(ctypes.Structure):
                 ("handles", ctypes.c_void_p), ("host_list_count", ctypes.c_uint32), ("arena_bytes", ctypes.c_uint64)]
 
 
-def helper_api(operator: Operator, api: SimpleNamespace) -> _Api:
+class HelperApi(NamedTuple):
+    table: _Api
+    reference: Any   # a byref of it
+
+
+def helper_api(operator: Operator, api: SimpleNamespace) -> HelperApi:
     """The functions the helper calls, from the loaded libraries (once per operator and API)."""
     description = operator.description
     symbols = ("aclrtMalloc", "aclrtFree", "aclrtMemcpy", "aclCreateTensor", "aclDestroyTensor", "aclCreateIntArray",
                "aclDestroyIntArray", "aclDestroyAclOpExecutor", "aclrtSynchronizeStream", "aclGetRecentErrMsg",
                description.thunk, description.phase1, description.phase2)
-    return _Api(*(_ffi.c_address(api, symbol, description.phase1) for symbol in symbols))
+    table = _Api(*(_ffi.c_address(api, symbol, description.phase1) for symbol in symbols))
+    return HelperApi(table, ctypes.byref(table))
 
 
 _BYTES = np.dtype(np.uint8)
@@ -83,9 +89,11 @@ class ArenaLayout(NamedTuple):
     """One layout of a one-shot call's arguments, ready for the helper."""
 
     layout: _Layout
+    reference: Any          # a byref of it, made once
     keep: Tuple[Any, ...]   # the C arrays the layout points into
     inputs: Tuple[Tuple[int, bool], ...]   # per input array: its argument position, copy in C order first?
     outputs: Tuple[Tuple[str, Tuple[int, ...], np.dtype], ...]
+    names: Tuple[str, ...]       # the outputs' names
     host_lists: Tuple[int, ...]   # the argument position of each host-ints argument given
     addresses: struct.Struct     # one uint64 per array
     workspace: List[int]         # the workspace the arena reserves: the most phase 1 asked for
@@ -153,8 +161,9 @@ def arena_layout(operator: Operator, signature: Signature, values: Sequence[Any]
     handle_table = (ctypes.c_int32 * max(len(handles), 1))(*handles)
     layout = _Layout(ctypes.addressof(table), len(arrays), len(handles), ctypes.addressof(handle_table),
                      len(host_positions), size)
-    return ArenaLayout(layout, (table, handle_table, *keep), tuple(inputs), tuple(placed_outputs),
-                       tuple(host_positions), struct.Struct(f"<{len(arrays)}Q"), [0])
+    return ArenaLayout(layout, ctypes.byref(layout), (table, handle_table, *keep), tuple(inputs),
+                       tuple(placed_outputs), tuple(name for name, _, _ in placed_outputs), tuple(host_positions),
+                       struct.Struct(f"<{len(arrays)}Q"), [0])
 
 
 def raise_failure(operator: Operator, api: SimpleNamespace, status: int, step: int) -> None:

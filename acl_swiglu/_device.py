@@ -402,6 +402,7 @@ class DeviceArray:
             self.strides = tuple(whole_number(s, "strides", 0) for s in strides)
         self.offset = whole_number(offset, "offset")
         self._dead = False
+        self._address = 0 if buffer is None else buffer.ptr   # (fixed for the array's life)
         self._layout = (self.shape, self.dtype, self.strides, self.offset)
         self._layout_id = layout_id(self._layout)
         self._writer: Optional[StreamLife] = None    # the stream of the last queued write
@@ -424,7 +425,7 @@ class DeviceArray:
     def wrap(cls, ptr: int, shape: Sequence[int], dtype: npt.DTypeLike, strides: Optional[Sequence[int]] = None,
              offset: int = 0, nbytes: Optional[int] = None) -> "DeviceArray":
         """Borrows a foreign device pointer described by shape/dtype/strides/offset (elements)."""
-        whole_number(ptr, "ptr", 1, ADDRESS_MAX)
+        address = whole_number(ptr, "ptr", 1, ADDRESS_MAX)
         array = cls(None, shape, dtype, strides, offset)
         if len(array.strides) != len(array.shape):
             raise ArgumentError(f"strides {array.strides} must be one non-negative value per dim of {array.shape}")
@@ -436,7 +437,8 @@ class DeviceArray:
         elif whole_number(nbytes, "nbytes") < needed:
             raise ArgumentError(f"the view needs {needed} bytes from ptr but nbytes is {nbytes}")
         if nbytes:
-            array.buffer = DeviceBuffer.wrap(ptr, nbytes)
+            array.buffer = DeviceBuffer.wrap(address, nbytes)
+            array._address = address
         return array
 
     # -- geometry --
@@ -469,7 +471,7 @@ class DeviceArray:
         """Device address of the buffer (0 for an empty array without memory)."""
         if self.closed:
             raise HandleClosedError("this DeviceArray was closed; it cannot be used any more")
-        return self.buffer.ptr if self.buffer is not None else 0
+        return self._address
 
     @property
     def is_contiguous(self) -> bool:

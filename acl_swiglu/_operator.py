@@ -153,6 +153,8 @@ class Operator:
         self._signatures = {abi: Signature(self, revision) for abi, revision in description.revisions.items()}
         self._problems: Dict[Tuple[Any, ...], Any] = {}
         self.bindings: "OrderedDict[Tuple[Any, ...], Any]" = OrderedDict()   # device-level calls' executors
+        self.one_shots: Dict[Tuple[Any, ...], Any] = {}   # one-shot calls' layouts
+        self.device_layouts: Dict[Tuple[Any, ...], Any] = {}   # device-level calls' layouts
         self._api: Optional[SimpleNamespace] = None
         self._c_names = c_names
         self._c_name_pattern = re.compile(r"\b(" + "|".join(map(re.escape, c_names)) + r")\b")

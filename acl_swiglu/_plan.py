@@ -87,7 +87,7 @@ class Binding(Owned):
         changed: List[Tuple[str, Optional[int]]] = []
         try:
             for name, array in arrays.items():
-                address = array.ptr
+                address = array._address
                 previous = self.addresses[name]
                 if address != previous:
                     self.addresses[name] = None   # (unknown until the setter returns)
