@@ -67,9 +67,10 @@ def thread_stream() -> Stream:
     device = current_device()
     stream = streams.get(device)
     if stream is None or stream.closed:
-        stream = streams[device] = Stream()
+        stream = Stream()
         with _thread_streams_lock:
-            _thread_streams.add(stream)
+            _thread_streams.add(stream)   # (listed before it is kept: release_cached() sees every kept one)
+        streams[device] = stream
     return stream
 
 
@@ -82,9 +83,8 @@ def release_cached() -> None:
     free_collected()
     with _thread_streams_lock:
         streams = list(_thread_streams)
-        _thread_streams.clear()
     for stream in streams:
-        stream.close()
+        stream.close()   # (a closed one stays listed until its thread lets go of it: closing it again does nothing)
     default_stream().release_workspace()
     for operator in list(_operators):
         with state.lock:
@@ -148,7 +148,8 @@ def one_shot(operator: Operator, given: Dict[str, Any]) -> Dict[str, np.ndarray]
         except MemoryError:
             raise HostMemoryError(f"the result {name} has shape {shape}: it needs "
                                   f"{math.prod(shape) * dtype.itemsize} bytes, more than this host can allocate") from None
-    hosts = [values[position] if not restage else np.ascontiguousarray(values[position])
+    arrays: List[np.ndarray] = values   # type: ignore[assignment]   # (where the arena places an input: an array)
+    hosts = [np.ascontiguousarray(arrays[position]) if restage else arrays[position]
              for position, restage in arena.inputs]
     addresses = arena.addresses.pack(*map(host_address, hosts), *map(host_address, results))
     lists = [description.host_values(operator.argument_names[p], values[p]) for p in arena.host_lists]
@@ -261,9 +262,9 @@ def _launch_kept(operator: Operator, signature: Signature, key: Tuple[Any, ...],
     outputs = [arrays[name] for name in layout.outputs]
     while True:
         binding = _binding(operator, signature, key, arrays, hosts, layout.scalars)
-        use = Use((stream._life, binding._life, *lives_of(arrays.values())))
-        with binding.lock:
-            try:
+        use = Use((stream._life, binding._life, *lives_of(arrays.values())), stream._life)
+        try:
+            with binding.lock:
                 epoch = state.epoch
                 if not use.take():
                     check_open(arrays)
@@ -283,8 +284,8 @@ def _launch_kept(operator: Operator, signature: Signature, key: Tuple[Any, ...],
                     check_open(arrays)
                     stream.check_open("stream")
                 return
-            finally:
-                use.let_go(stream._life)
+        finally:
+            use.let_go()
 
 
 def _binding(operator: Operator, signature: Signature, key: Tuple[Any, ...], arrays: Dict[str, DeviceArray],

@@ -88,8 +88,8 @@ class StreamLife(Life):
         use = Use()
         try:
             with state.lock:
-                if self.owned and self.released:
-                    return   # destroyed: destroying waited for the work
+                if self.owned and (self.freeing or self.handle is None):
+                    return   # destroyed (or being destroyed): destroying waits for the work
                 use.lives.append(self)
                 self.holders.add(use)   # a destroy now waits for this wait
             status = api.hot.aclrtSynchronizeStream(ctypes.c_void_p(self.address.value))
@@ -188,13 +188,11 @@ class Stream(Owned):
     def close(self) -> None:
         """Destroys an owned stream (queued work completes first), frees its workspace once the
         work is done, and kills the wrapper. A borrowed stream is left as it is."""
-        if self._dead:
-            return
-        super().close()
         self.release_workspace()
+        super().close()
 
     def __repr__(self) -> str:
-        if self._dead:
+        if self.closed:
             return "<Stream closed>"
         kind = "default" if not self._address.value else ("owned" if self._life.owned else "borrowed")
         device = "" if self._device is None else f" device {self._device}"
@@ -296,11 +294,11 @@ class DeviceBuffer(Owned):
                 api.aclrtMemcpy(host, nbytes, device, nbytes, kind)
         finally:
             use.let_go()
-        if self._dead:
+        if self.closed:
             raise HandleClosedError(f"this {self._kind} was closed during the copy")
 
     def __repr__(self) -> str:
-        if self._dead:
+        if self.closed:
             return "<DeviceBuffer closed>"
         owner = "owned" if self._finalizer is not None else "borrowed"
         return f"<DeviceBuffer 0x{self.ptr:x} {self.nbytes} bytes {owner}>"
@@ -559,7 +557,7 @@ class DeviceArray:
     @property
     def closed(self) -> bool:
         """True once close() was called on the array or on its buffer."""
-        return self._dead or (self.buffer is not None and self.buffer._dead)
+        return self._dead or (self.buffer is not None and self.buffer.closed)
 
     def __enter__(self) -> "DeviceArray":
         return self

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import re
 import struct
+import weakref
 from collections import OrderedDict
 from types import SimpleNamespace
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
@@ -316,7 +317,8 @@ class Executor(Owned):
         self._inputs = [a for name, a in self._arrays.items() if name not in signature.output_names]
         self._outputs = [a for name, a in self._arrays.items() if name in signature.output_names]
         self._tensors: Dict[str, AclTensor] = {}
-        self._hold = Use(lives_of(self._arrays.values()))   # the arrays, until closed or consumed
+        self._hold = Use(lives_of(self._arrays.values()))   # the arrays, until closed, consumed or collected
+        weakref.finalize(self, setattr, self._hold, "active", False)
         try:
             if not self._hold.take():
                 check_open(self._arrays)
@@ -338,7 +340,7 @@ class Executor(Owned):
         stream = stream_argument(stream)
         if workspace is not None and not isinstance(workspace, DeviceBuffer):
             raise TypeError(f"workspace must be an acl_swiglu.DeviceBuffer or None, got {type(workspace).__name__}")
-        use = Use((self._life, stream._life, *lives_of(self._arrays.values())))
+        use = Use((self._life, stream._life, *lives_of(self._arrays.values())), stream._life)
         try:
             epoch = state.epoch
             if not use.take():
@@ -361,7 +363,7 @@ class Executor(Owned):
             if state.epoch != epoch:
                 check_open(self._arrays)   # closed by another thread during the launch: it must not succeed
         finally:
-            use.let_go(stream._life)
+            use.let_go()
 
     def _launch_now(self, workspace: Optional[int], stream: Stream) -> None:
         api = self._operator.api()
@@ -375,10 +377,10 @@ class Executor(Owned):
             self._disown()
             for tensor in self._tensors.values():
                 tensor.close()   # (a queued launch keeps what it needs of them)
-            self._hold.let_go(stream._life)
+            self._hold.let_go()   # (the launch's own hold recorded the stream on the arrays)
         self._operator.check_status(api, status, phase2)
 
     def close(self) -> None:
         """Destroys the executor (then its tensors) once nothing uses it, and lets go of its arrays."""
-        super().close()
         self._hold.let_go()
+        super().close()

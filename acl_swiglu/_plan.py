@@ -147,8 +147,8 @@ class Plan:
         self._binding: Optional[Binding] = None
         self._workspace: Optional[DeviceBuffer] = None
         self._owned_outputs: List[DeviceArray] = []
-        self._use = Use((self.stream._life,))   # what the plan holds, until close() or collection
-        self._let_go = weakref.finalize(self, self._use.let_go, self.stream._life)
+        self._use = Use((self.stream._life,), self.stream._life)   # what the plan holds, until close() or collection
+        self._let_go = weakref.finalize(self, setattr, self._use, "active", False)
         _plans.add(self)
         try:
             if not self._use.take():
@@ -211,34 +211,40 @@ class Plan:
             raise RuntimeError(f"this {type(self).__name__} was called from code run inside one of its own calls "
                                "(a gc callback or finalizer); call it after that call returns")
         with self._lock:
-            try:
-                self._owner = get_ident()
-                if arrays or named:
-                    self._rebind(arrays, named)
-                start = state.epoch
-                checked = start == self._checked_at
-                if not checked:
-                    self._prepare()
-                elif self._guarded:
-                    self._operator.description.guard(self._problem, self._arguments, self._signature.revision)
-                result = self._launch_call(self._launch_argument, synchronize)
-                if result:
-                    raise_launch_failure(self._operator, self._operator.api(), result)
-                expected = start if checked else record_launch(self._inputs_bound, self._outputs_bound,
-                                                               self.stream._life, start)
-                if state.epoch != expected:
-                    self._checked_at = -1
-                    self._check_bindings()   # something was closed during the launch: this call fails
-                else:
-                    self._checked_at = expected
-                return self._outputs
-            finally:
-                self._owner = None
+            return self._call(arrays, named, synchronize)
+
+    def _call(self, arrays: Tuple[Any, ...], named: Dict[str, Any],
+              synchronize: bool) -> Tuple[Optional[DeviceArray], ...]:
+        """A call, under the plan's lock. (A function of its own: a ``try`` right inside a
+        ``with`` does not cover its own first line.)"""
+        try:
+            self._owner = get_ident()
+            runtime_api()   # (a thread's first call binds its device; in a forked child it refuses)
+            if arrays or named:
+                self._rebind(arrays, named)
+            start = state.epoch
+            checked = start == self._checked_at
+            if not checked:
+                self._prepare()
+            elif self._guarded:
+                self._operator.description.guard(self._problem, self._arguments, self._signature.revision)
+            result = self._launch_call(self._launch_argument, synchronize)
+            if result:
+                raise_launch_failure(self._operator, self._operator.api(), result)
+            expected = start if checked else record_launch(self._inputs_bound, self._outputs_bound,
+                                                           self.stream._life, start)
+            if state.epoch != expected:
+                self._checked_at = -1
+                self._check_bindings()   # something was closed during the launch: this call fails
+            else:
+                self._checked_at = expected
+            return self._outputs
+        finally:
+            self._owner = None
 
     def _prepare(self) -> None:
         """Before a launch the epoch check did not clear: the bindings must be open and pointed
         at, the guard passed, and other streams' work on the arrays done."""
-        runtime_api()   # (refuses in a child forked after the parent initialised ACL)
         self._check_bindings()
         binding = self._binding
         assert binding is not None
@@ -301,7 +307,7 @@ class Plan:
             for life in array._lives():
                 self._use.add(life)
         self._arrays, self._arguments, self._guarded = bound, arguments, guarded
-        self._use.drop(lives_of(a for a in old if all(a is not b for b in bound.values())), self.stream._life)
+        self._use.drop(lives_of(a for a in old if all(a is not b for b in bound.values())))
         self._set_outputs()
 
     def _check_rebind(self, name: str, array: Any) -> None:
@@ -327,7 +333,7 @@ class Plan:
         self._use.add(binding._life)
         self._point_launch()
         if old is not None:
-            self._use.drop((old._life,), self.stream._life)
+            self._use.drop((old._life,))
             old.close()   # freed once the stream has passed the launches queued with it
 
     # -- end --
@@ -342,25 +348,30 @@ class Plan:
             raise RuntimeError(f"this {type(self).__name__} was closed from code run inside one of its own calls "
                                "(a gc callback or finalizer); close it after that call returns")
         with self._lock:
+            self._close()
+
+    def _close(self) -> None:
+        """close(), under the plan's lock."""
+        try:
+            self._owner = get_ident()
+            if self._closed:
+                return
+            self._closed = True
+            stream = self.stream
             try:
-                self._owner = get_ident()
-                if self._closed:
-                    return
-                self._closed = True
-                stream = self.stream
-                try:
-                    if self._binding is not None and not stream.closed:
-                        stream.synchronize()   # report a failure of queued work here
-                finally:
-                    if self._binding is not None:
-                        self._binding.close()
-                    for array in self._owned_outputs:
-                        array.close()
-                    if self._workspace is not None:
-                        self._workspace.close()
-                    self._let_go()
+                if self._binding is not None and not stream.closed:
+                    stream.synchronize()   # report a failure of queued work here
             finally:
-                self._owner = None
+                if self._binding is not None:
+                    self._binding.close()
+                for array in self._owned_outputs:
+                    array.close()
+                if self._workspace is not None:
+                    self._workspace.close()
+                self._let_go.detach()
+                self._use.let_go()
+        finally:
+            self._owner = None
 
     @property
     def closed(self) -> bool:

@@ -40,6 +40,10 @@ class _State:
         self.lock = threading.RLock()
         self.epoch = 0
         self._numbers = 0
+        self.due: Set[Life] = set()   # closed lives not yet freed
+        # Lives whose owners were garbage-collected, appended by their finalizers (a C-level
+        # append: a finalizer an exception interrupts has either recorded its life or not run).
+        self.collected: List[Life] = []
 
     def next_number(self) -> int:
         """A number never given before in this process (under the lock)."""
@@ -58,125 +62,170 @@ class Life:
 
     ``handle`` is set by the very statement that makes the handle (the constructor's result, or
     the out-parameter the C call writes into), so that from then on it is owned: an exception
-    arriving right after still leaves it to be freed."""
+    arriving right after still leaves it to be freed. It is set to None by the statement that
+    frees it."""
 
-    __slots__ = ("handle", "destroy", "holders", "streams", "closed", "released", "key", "__weakref__")
+    __slots__ = ("handle", "destroy", "holders", "streams", "closed", "freeing", "key", "__weakref__")
 
     def __init__(self, destroy: Optional[Destroy] = None, handle: Any = None) -> None:
         self.handle = handle
         self.destroy = destroy   # None: borrowed, never freed by the package
-        self.holders: Set[object] = set()   # the Uses that hold it now
+        self.holders: Set[Use] = set()   # the Uses that may hold it (those still active do)
         self.streams: Optional[Set[Life]] = None   # lives of streams whose queued work may use it
         self.closed = False
-        self.released = False   # the free has been claimed (it may still be running)
+        self.freeing = False   # taken out of state.due by the thread freeing it
         self.key = 0
 
     def wait(self) -> None:
         """Streams override this: wait for the work queued on them."""
 
 
-_Claim = Tuple[Destroy, Any, Optional[Set[Life]]]
+def _held(life: Life) -> bool:
+    return any(use.active for use in life.holders)
 
 
-def _claim(life: Life) -> Optional[_Claim]:
-    """Under state.lock, for a closed life nothing holds: takes over its free (once)."""
-    if life.released:
-        return None
-    life.released = True
-    destroy, life.destroy = life.destroy, None
-    streams, life.streams = life.streams, None
-    handle = life.handle
-    if destroy is None or handle is None or not ctypes.cast(handle, ctypes.c_void_p).value:
-        return None
-    return destroy, handle, streams
+def _next_due() -> Optional[Life]:
+    """Under state.lock: takes one closed life that nothing holds out of state.due, to free it."""
+    exiting = _runtime.exiting
+    for life in state.due:
+        if life.closed and (exiting or not _held(life)):
+            state.due.discard(life)
+            life.freeing = True
+            return life
+    return None
 
 
-def _free(claimed: Optional[_Claim]) -> None:
-    """Frees a claimed handle after the streams that used it are past that work. On a thread the
-    package has not bound to a device (a collection can run on any thread, also one that never
-    used ACL or is ending), the free waits for the next call that can make it."""
-    if claimed is None:
-        return
-    if not _runtime.usable():
-        return   # (not initialised, exited or forked: never ours to free)
+def _take_collected() -> None:
+    """Closes the lives of collected owners (each step can be made again: a pass an exception cut
+    short is finished by the next)."""
+    with state.lock:
+        lives = state.collected[:]
+        for life in lives:
+            _runtime.owned.pop(life.key, None)
+            _mark_closed(life)
+        del state.collected[:len(lives)]
+
+
+def _mark_closed(life: Life) -> None:
+    """Under state.lock: the life is due, the epoch moves, and it is closed, in this order (a
+    close an exception cut short is finished by the next)."""
+    if not life.closed:
+        state.due.add(life)
+        state.epoch += 1
+        life.closed = True
+
+
+def release_due() -> None:
+    """Frees every closed handle that nothing holds any more, each after the streams that used
+    it. On a thread the package has not bound to a device (a collection can run on any thread,
+    also one that never used ACL or is ending) they wait for the next call that can free them;
+    so does a free that an exception cut short before the handle was gone."""
+    if state.collected:
+        _take_collected()
+    if not state.due or not _runtime.usable():
+        return   # (nothing due; or not initialised, exited or forked: never ours to free)
     if getattr(_runtime.local, "generation", -1) != _runtime.generation and not _runtime.exiting:
-        with state.lock:
-            _runtime.graveyard.append(claimed)
         return
-    destroy, handle, streams = claimed
-    for stream_life in streams or ():
+    while state.due:
+        life: Optional[Life] = None
+        try:
+            with state.lock:
+                life = _next_due()
+            if life is None:
+                return
+            _free(life)
+        except BaseException:
+            if life is not None and life.handle is not None:
+                with state.lock:
+                    life.freeing = False
+                    state.due.add(life)
+            raise
+
+
+def _free(life: Life) -> None:
+    destroy, handle = life.destroy, life.handle
+    if destroy is None or handle is None or not ctypes.cast(handle, ctypes.c_void_p).value:
+        return
+    for stream_life in life.streams or ():
         try:
             stream_life.wait()
         except Exception:   # the failure belongs to whoever reads the results; the free goes on
             pass
     runtime_api()
-    if destroy(handle):
+    status, life.handle = destroy(handle), None
+    if status:
         # A failed free cannot be acted on (the owner is gone or closing); its text must not show
         # up in the next error of this thread.
         _ffi.drop_message(_ffi.api().get_message)
 
 
 def close_life(life: Life) -> None:
-    """Marks the handle closed (the epoch moves); frees it now if nothing holds it (or the
-    process is exiting: then nothing will use it again)."""
+    """Marks the handle closed (the epoch moves) and due to be freed, then frees what is due:
+    this one too, unless something still holds it."""
     with state.lock:
-        if life.closed and not _runtime.exiting:
-            return
-        life.closed = True
-        state.epoch += 1
-        claimed = None if life.holders and not _runtime.exiting else _claim(life)
-    _free(claimed)
+        _mark_closed(life)
+    release_due()
 
 
 class Use:
     """One holder of several handles: a call in flight, a plan, an executor.
 
-    Take it inside the ``try`` whose ``finally`` lets it go: ``take()`` adds this Use to each
-    life's holders and ``let_go()`` removes it from each, so a take cut short by an exception
-    leaves nothing behind once let_go has run. A handle closed while held is freed by the let_go
-    of its last holder (after the streams that used it)."""
+    Made before the ``try`` whose ``finally`` lets it go. ``take()`` and ``add()`` hold lives (and
+    record the Use's stream on them: queued work on it may use them from then on); ``let_go()``
+    ends the whole hold in its first statement, so whatever part of a take an exception cut
+    short holds nothing once let_go has run. A handle closed while held is freed when nothing
+    holds it any more (after the streams that used it)."""
 
-    __slots__ = ("lives",)
+    __slots__ = ("lives", "stream", "active")
 
-    def __init__(self, lives: Iterable[Life] = ()) -> None:
+    def __init__(self, lives: Iterable[Life] = (), stream: Optional[Life] = None) -> None:
         self.lives: List[Life] = list(lives)
+        self.stream = stream
+        self.active = True
 
     def take(self) -> bool:
         """Holds every life; False when one of them was closed already (the caller refuses)."""
         with state.lock:
             for life in self.lives:
-                life.holders.add(self)
+                self._hold(life)
             return not any(life.closed for life in self.lives)
 
     def add(self, life: Life) -> bool:
         """Holds one more life; False when it was closed already."""
         with state.lock:
             self.lives.append(life)
-            life.holders.add(self)
+            self._hold(life)
             return not life.closed
 
-    def drop(self, lives: Iterable[Life], stream: Optional[Life] = None) -> None:
-        """Ends the hold of these lives (on `stream`, whose queued work may still use them); frees
-        the ones that were closed meanwhile and that nothing else holds."""
+    def _hold(self, life: Life) -> None:
+        holders = life.holders
+        if len(holders) > 16:   # (Uses ended by their owner's collection stay listed, inactive)
+            life.holders = holders = {use for use in holders if use.active}
+        holders.add(self)
+        stream = self.stream
+        if stream is not None and stream is not life:
+            if life.streams is None:
+                life.streams = {stream}
+            else:
+                life.streams.add(stream)
+
+    def drop(self, lives: Iterable[Life]) -> None:
+        """Ends the hold of some lives (the Use keeps the others)."""
         dropped = set(lives)
-        claims = []
         with state.lock:
             for life in dropped:
-                if stream is not None and stream is not life:
-                    if life.streams is None:
-                        life.streams = {stream}
-                    else:
-                        life.streams.add(stream)
                 life.holders.discard(self)
-                if life.closed and not life.holders:
-                    claims.append(_claim(life))
             self.lives = [life for life in self.lives if life not in dropped]
-        for claimed in claims:
-            _free(claimed)
+        release_due()
 
-    def let_go(self, stream: Optional[Life] = None) -> None:
-        """Ends the hold of every life (see drop)."""
-        self.drop(self.lives, stream)
+    def let_go(self) -> None:
+        """Ends the hold of every life. (An owner that is collected ends its Use with a C-level
+        setattr(use, "active", False): the same first step.)"""
+        self.active = False
+        with state.lock:
+            for life in self.lives:
+                life.holders.discard(self)
+        release_due()
 
 
 def used_on(lives: Iterable[Life], stream: Life) -> None:
@@ -202,7 +251,6 @@ class _Runtime:
         self.local = threading.local()
         self.owned: "Dict[int, weakref.finalize[Any, Any]]" = {}
         self.owned_counter = 0
-        self.graveyard: List[_Claim] = []   # frees claimed on a thread without a device: made later
         self.exiting = False
 
     def usable(self) -> bool:
@@ -280,7 +328,7 @@ class _Runtime:
         with state.lock:
             self.owned_counter += 1
             life.key = self.owned_counter
-            finalizer = weakref.finalize(obj, self.collected, life)
+            finalizer = weakref.finalize(obj, state.collected.append, life)
             finalizer.atexit = False   # shutdown() runs them in order instead
             self.owned[life.key] = finalizer
         return finalizer
@@ -289,18 +337,6 @@ class _Runtime:
         with state.lock:
             self.owned.pop(life.key, None)
 
-    def collected(self, life: Life) -> None:
-        """The owner was garbage-collected (or the process is exiting): close its handle."""
-        self.disown(life)
-        close_life(life)
-
-    def bury(self) -> None:
-        """Makes the frees claimed on threads without a device (call on a thread with one)."""
-        with state.lock:
-            claims, self.graveyard = self.graveyard, []
-        for claimed in claims:
-            _free(claimed)
-
     def shutdown(self) -> None:
         """At exit: frees what is still owned (newest first), then finalises what we initialised."""
         if self.pid != os.getpid():
@@ -308,7 +344,7 @@ class _Runtime:
         if self.usable():
             try:
                 runtime_api()
-                self.bury()
+                release_due()
             except Exception:   # exit must finish
                 pass
         with state.lock:
@@ -325,6 +361,10 @@ class _Runtime:
                 func(*args, **kwargs)
             except Exception:   # exit must finish; a failed free cannot be acted on now
                 pass
+        try:
+            release_due()   # (also what was closed while held)
+        except Exception:
+            pass
         with state.lock:
             if not self.initialized or self.shut_down:
                 return
@@ -342,7 +382,6 @@ class _Runtime:
     def after_fork_in_child(self) -> None:
         self.local = threading.local()
         self.owned = {}
-        self.graveyard = []
         if not self.initialized:
             self.pid = os.getpid()   # the parent never touched ACL: this process may start afresh
 
@@ -370,6 +409,8 @@ def at_fork_in_child(hook: Callable[[], None]) -> None:
 
 def _after_fork_in_child() -> None:
     state.lock = threading.RLock()
+    state.due = set()   # (the parent's handles are not this process's to free)
+    del state.collected[:]
     _runtime.after_fork_in_child()
     _ffi._reset_after_fork()
     for hook in _fork_hooks:
@@ -407,10 +448,11 @@ def set_device(device_id: int) -> None:
 
 
 def free_collected() -> None:
-    """Frees handles whose owners were garbage-collected on threads without a device."""
-    if _runtime.graveyard:
+    """Frees what is due: handles of collected owners, handles closed on threads without a
+    device, or while something held them."""
+    if state.due or state.collected:
         runtime_api()
-        _runtime.bury()
+        release_due()
 
 
 def synchronize_device() -> None:
@@ -428,7 +470,6 @@ class Owned:
 
     def __init__(self) -> None:
         self._life = Life()
-        self._dead = False
         self._finalizer: "Optional[weakref.finalize[Any, Any]]" = None
 
     def _prepare(self, destroy: Destroy, handle: Any = None) -> Life:
@@ -447,44 +488,44 @@ class Owned:
 
     @property
     def _handle(self) -> Any:
-        return None if self._dead else self._life.handle
+        life = self._life
+        return None if life.closed else life.handle
 
     @property
     def closed(self) -> bool:
         """True once close() was called (or the handle was handed over to its new owner)."""
-        return self._dead
+        return self._life.closed
 
     @property
     def _as_parameter_(self) -> Any:
         """The native handle, as ctypes passes the object to C (HandleClosedError once closed)."""
-        if self._dead:
+        life = self._life
+        if life.closed:
             raise HandleClosedError(f"this {self._kind} was closed; it cannot be used any more")
-        return self._life.handle
+        return life.handle
 
     def check_open(self, name: Optional[str] = None) -> None:
         """Raises HandleClosedError when closed (ctypes would wrap it in its own error)."""
-        if self._dead:
+        if self._life.closed:
             raise HandleClosedError(f"{name or 'this ' + self._kind} was closed; it cannot be used any more")
 
     def close(self) -> None:
         """Kills the object now; frees the native handle (only an owned one) as soon as nothing
-        holds it and the streams that used it have passed that work."""
-        if self._dead:
-            return
-        self._dead = True
-        if self._finalizer is not None:
-            self._finalizer.detach()
-            _runtime.disown(self._life)
+        holds it and the streams that used it have passed that work. Closing again finishes a
+        close an exception cut short."""
         close_life(self._life)
+        finalizer = self._finalizer
+        if finalizer is not None:
+            finalizer.detach()
+            _runtime.disown(self._life)
 
     def _disown(self) -> None:
         """Forgets the handle without freeing it: its owner is now someone else (e.g. CANN)."""
         life = self._life
         with state.lock:
             life.destroy = None
-            life.closed = life.released = True
+            life.closed = True
             state.epoch += 1
-        self._dead = True
         if self._finalizer is not None:
             self._finalizer.detach()
             _runtime.disown(life)
