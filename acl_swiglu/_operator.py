@@ -251,13 +251,6 @@ def host_lists(operator: Operator, signature: Signature, arguments: Mapping[str,
     return {name: describe(name, arguments[name]) for name in signature.host_names if arguments.get(name) is not None}
 
 
-def destroy_unlaunched(api: SimpleNamespace, executor: ctypes.c_void_p) -> None:
-    """Destroys a single-use executor that never reached phase 2, while another error is raised
-    (a failure here must not show up in the next error of this thread)."""
-    if api.raw.aclDestroyAclOpExecutor(ctypes.cast(executor, _ffi.aclOpExecutor_p)):
-        _ffi.drop_message(api.get_message)
-
-
 def make_executor(owner: Owned, operator: Operator, signature: Signature, arrays: Mapping[str, DeviceArray],
                   host_values: Mapping[str, np.ndarray], scalars: Sequence[Any]) -> Tuple[Dict[str, AclTensor], int]:
     """Phase 1 on tensors made for these arrays (and int arrays of these host values): the

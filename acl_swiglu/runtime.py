@@ -228,16 +228,6 @@ class Use:
         release_due()
 
 
-def used_on(lives: Iterable[Life], stream: Life) -> None:
-    """Records that work queued on the stream uses these handles: their free waits for it."""
-    with state.lock:
-        for life in lives:
-            if life.streams is None:
-                life.streams = {stream}
-            else:
-                life.streams.add(stream)
-
-
 class _Runtime:
     """aclInit once per process, a device per thread, what is owned, teardown at exit."""
 

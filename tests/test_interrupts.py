@@ -355,6 +355,7 @@ TARGETS: Dict[str, Tuple[Callable[..., Any], List[Operation]]] = {
     "_device.record_launch": (_device.record_launch, [DeviceCall(), PlanCall(rebind=True)]),
     "_device.DeviceArray.wait_for_access": (_device.DeviceArray.wait_for_access, [Copies()]),
     "_device.to_device": (_device.to_device, [Copies()]),
+    "_device.DeviceArray.empty": (_device.DeviceArray.empty, [DeviceCall(allocate=True)]),
     "tensor.AclTensor.__init__": (tensor.AclTensor.__init__, [Phases(), PlanBuild()]),
     "tensor.AclIntArray.__init__": (tensor.AclIntArray.__init__, [PlanBuild(abi=1), DeviceCall(abi=1)]),
     "_operator.Operator.problem": (_operator.Operator.problem, [PlanBuild()]),
@@ -367,6 +368,7 @@ TARGETS: Dict[str, Tuple[Callable[..., Any], List[Operation]]] = {
     "_plan.Binding.bind": (_plan.Binding.bind, [PlanCall(rebind=True), DeviceCall()]),
     "_plan.Plan.__init__": (_plan.Plan.__init__, [PlanBuild(), PlanBuild(abi=1)]),
     "_plan.Plan.__call__": (_plan.Plan.__call__, [PlanCall(), PlanCall(rebind=True)]),
+    "_plan.Plan._call": (_plan.Plan._call, [PlanCall(), PlanCall(rebind=True)]),
     "_plan.Plan._prepare": (_plan.Plan._prepare, [PlanCall(rebind=True)]),
     "_plan.Plan._rebind": (_plan.Plan._rebind, [PlanCall(rebind=True), PlanCall(abi=1, rebind=True)]),
     "_plan.Plan._regroup": (_plan.Plan._regroup, [PlanCall(abi=1, rebind=True)]),
@@ -395,6 +397,7 @@ ELSEWHERE = {"runtime._Runtime.shutdown", "runtime._after_fork_in_child", "_plan
 RELEASES: Dict[str, Tuple[Callable[..., Any], List[Operation]]] = {
     "runtime.close_life": (runtime.close_life, [Copies(), PlanBuild()]),
     "runtime.release_due": (runtime.release_due, [Copies(), PlanBuild(), Collected()]),
+    "runtime.free_collected": (runtime.free_collected, [Collected()]),
     "runtime._take_collected": (runtime._take_collected, [Collected()]),
     "runtime.Owned.close": (runtime.Owned.close, [Copies(), PlanClose()]),
     "runtime.Owned._disown": (runtime.Owned._disown, [Phases()]),
@@ -406,7 +409,7 @@ RELEASES: Dict[str, Tuple[Callable[..., Any], List[Operation]]] = {
     "_aclnn.release_cached": (_aclnn.release_cached, [ReleaseCached()]),
 }
 CLEANUP = {"runtime.Use.drop", "runtime.Use.let_go", "runtime._free", "runtime._next_due", "runtime._mark_closed",
-           "_plan.Plan._close"}
+           "runtime._Runtime.disown", "_plan.Plan._close"}
 
 
 def _interruptible_lines(function: Callable[..., Any]) -> List[int]:
@@ -491,7 +494,7 @@ def _sweep(name: str, function: Callable[..., Any], operation: Operation) -> Lis
         start = _live()
         with ExitStack() as stack:
             ctx = operation.setup(stack)
-            fired = _run_interrupted(code, line, lambda: operation.run(ctx))
+            fired = _run_interrupted(code, line, lambda ctx=ctx: operation.run(ctx))
             fired_somewhere = fired_somewhere or fired
             where = f"{name} line {line - code.co_firstlineno + 1} ({type(operation).__name__})"
             finished, outcome = _on_another_thread(lambda: runtime.state.lock.acquire(timeout=5) and
@@ -499,13 +502,13 @@ def _sweep(name: str, function: Callable[..., Any], operation: Operation) -> Lis
             if not finished or outcome is not True:
                 problems.append(f"{where}: the state lock stayed held")
                 break
-            finished, outcome = _on_another_thread(lambda: operation.check(ctx))
+            finished, outcome = _on_another_thread(lambda ctx=ctx: operation.check(ctx))
             if not finished:
                 problems.append(f"{where}: the next call never returned (something stayed held)")
                 break
             if outcome is not None:
                 problems.append(f"{where}: the next call failed: {outcome!r}")
-            del ctx
+            ctx = None   # (the operation's objects go with the block)
         end = _live()
         if end != start:
             problems.append(f"{where}: live handles {start} -> {end}")
