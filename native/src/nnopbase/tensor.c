@@ -125,7 +125,7 @@ EMU_EXPORT aclTensor *aclCreateTensor(const int64_t *viewDims, uint64_t viewDims
     /* In bytes too (FLOAT4 elements are half a byte each), so that no later address
      * computation can wrap. */
     uint64_t first_byte, extent_bytes;
-    if (view_numel > 0 && aclEmu_element_bytes(dataType, 0, last + 1, &first_byte, &extent_bytes) != 0) {
+    if (view_numel > 0 && aclEmu_element_bytes(dataType, last, 1, &first_byte, &extent_bytes) != 0) {
         free(t);
         return reject_tensor("the view reaches element %lld; at %u bits per element that "
                              "overflows int64 bytes",
