@@ -39,13 +39,13 @@ typedef struct {
     float clamp;
     int has_weight;
     float weight;     /* row t's */
-    int plus_zero;    /* y + 0.0 at the end (FP8 paths): -0 becomes +0 */
 } quant_core;
 
 typedef struct {
-    /* y[0..n) (n a multiple of 32) from x0[0..n) and x1[0..n) in x's 16-bit format. */
+    /* y[0..n) (n a multiple of 32) from x0[0..n) and x1[0..n) in x's 16-bit format, with the
+     * FP8 paths' +0 step. */
     void (*core)(const quant_core *c, const uint16_t *x0, const uint16_t *x1, float *y, size_t n);
-    /* The same, y rounded to x's format (the FP4 path's v). */
+    /* y without the +0 step, rounded to x's format (the FP4 path's v). */
     void (*core_narrow)(const quant_core *c, const uint16_t *x0, const uint16_t *x1, uint16_t *v, size_t n);
     /* Mode 0 over n (a multiple of 128) values: codes[0..n) and scales[0..n/128). */
     void (*block_fp8)(const float *y, size_t n, aclDataType dst, int round_scale, uint8_t *codes, float *scales);
@@ -77,7 +77,7 @@ static inline float quant_flush(float f)
 static inline float quant_div(float num, float den) { return quant_flush(quant_flush(num) / quant_flush(den)); }
 
 /* y for one column: the clamp (x0 above only, x1 both sides; NaN stays NaN), the swish
- * x0 / (1 + exp(-x0)), times x1, times the weight, and the +0 step when asked. */
+ * x0 / (1 + exp(-x0)), times x1, times the weight (the +0 step is the caller's). */
 static inline float quant_swiglu(const quant_core *c, float x0, float x1)
 {
     if (c->clamp_on) {
@@ -89,7 +89,6 @@ static inline float quant_swiglu(const quant_core *c, float x0, float x1)
     float e = device_expf(-x0);
     float y = quant_div(x0, e + 1.0f) * x1;
     if (c->has_weight) y = y * c->weight;
-    if (c->plus_zero) y = y + 0.0f;
     return y;
 }
 

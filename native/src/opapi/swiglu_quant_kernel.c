@@ -30,7 +30,7 @@ _Static_assert(QUANT_CHUNK % SWIGLU_QUANT_BLOCK == 0, "chunks hold whole blocks"
 static void core_scalar(const quant_core *c, const uint16_t *x0, const uint16_t *x1, float *y, size_t n)
 {
     const int fp16 = c->x_dtype == ACL_FLOAT16;
-    for (size_t i = 0; i < n; i++) y[i] = quant_swiglu(c, quant_widen(x0[i], fp16), quant_widen(x1[i], fp16));
+    for (size_t i = 0; i < n; i++) y[i] = quant_swiglu(c, quant_widen(x0[i], fp16), quant_widen(x1[i], fp16)) + 0.0f;
 }
 
 static void core_narrow_scalar(const quant_core *c, const uint16_t *x0, const uint16_t *x1, uint16_t *v, size_t n)
@@ -228,7 +228,7 @@ static void compute_row(const quant_range *r, int64_t t)
     const int64_t scales_per_row = H / per_scale;
     const int64_t column_stride = a->x.strides[a->x.ndim - 1];
     const uint16_t *row = (const uint16_t *)a->x.base + view_element(&a->x, t * 2 * H);
-    quant_core core = {a->x_dtype, a->clamp_on, a->clamp, a->has_weight, 1.0f, !fp4};
+    quant_core core = {a->x_dtype, a->clamp_on, a->clamp, a->has_weight, 1.0f};
     if (a->has_weight) core.weight = *((const float *)a->weight.base + view_element(&a->weight, t));
 
     for (int64_t h0 = 0; h0 < H; h0 += QUANT_CHUNK) {

@@ -33,17 +33,23 @@ INLINE void store_bytes(uint8_t *p, vuint codes)
     memcpy(p, &b, sizeof b);
 }
 
-/* The largest lane; lanes hold non-negative values below 2^31. */
+INLINE vint max_lanes(vint a, vint b) { return vselect_int(a > b, a, b); }
+
+/* The largest lane, by halving: each step takes the maximum with the lanes half a width away. */
 INLINE uint32_t max_lane(vint v)
 {
-    int32_t lanes[LANES];
-    memcpy(lanes, &v, sizeof lanes);
-    int32_t m = lanes[0];
-    for (int i = 1; i < LANES; i++) m = lanes[i] > m ? lanes[i] : m;
-    return (uint32_t)m;
+#if KERNEL_LANES == 16
+    v = max_lanes(v, __builtin_shuffle(v, (vint){8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7}));
+    v = max_lanes(v, __builtin_shuffle(v, (vint){4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11}));
+    v = max_lanes(v, __builtin_shuffle(v, (vint){2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13}));
+    v = max_lanes(v, __builtin_shuffle(v, (vint){1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14}));
+#else
+    v = max_lanes(v, __builtin_shuffle(v, (vint){4, 5, 6, 7, 0, 1, 2, 3}));
+    v = max_lanes(v, __builtin_shuffle(v, (vint){2, 3, 0, 1, 6, 7, 4, 5}));
+    v = max_lanes(v, __builtin_shuffle(v, (vint){1, 0, 3, 2, 5, 4, 7, 6}));
+#endif
+    return (uint32_t)v[0];
 }
-
-INLINE vint max_lanes(vint a, vint b) { return vselect_int(a > b, a, b); }
 
 /* ---- the SwiGLU core ---- */
 
@@ -60,16 +66,16 @@ INLINE vfloat flush_subnormal(vfloat f)
 
 /* Two vectors of y from element i: the clamp, both exps at once, then the rest as
  * quant_swiglu does it (the divisor e + 1 is never subnormal, so only the dividend and the
- * quotient are flushed). */
-INLINE void swiglu_pair(const quant_core *c, const uint16_t *x0, const uint16_t *x1, size_t i, vfloat y[2])
+ * quotient are flushed). The flags are constants where the callers below inline it. */
+INLINE void swiglu_pair(const quant_core *c, const uint16_t *x0, const uint16_t *x1, size_t i, vfloat y[2], int fp16,
+                        int clamp_on, int has_weight, int plus_zero)
 {
-    const int fp16 = c->x_dtype == ACL_FLOAT16;
-    const vfloat limit = vsplat(c->clamp), neg_limit = vsplat(-c->clamp);
+    const vfloat limit = vsplat(c->clamp), neg_limit = vsplat(-c->clamp), weight = vsplat(c->weight);
     vfloat a[2], b[2], minus[2], e[2];
     for (int k = 0; k < 2; k++) {
         a[k] = widen(fp16, x0 + i + (size_t)k * LANES);
         b[k] = widen(fp16, x1 + i + (size_t)k * LANES);
-        if (c->clamp_on) {
+        if (clamp_on) {
             a[k] = vmin_nan_second(limit, a[k]);
             b[k] = vmin_nan_second(limit, vmax_nan_second(neg_limit, b[k]));
         }
@@ -78,33 +84,63 @@ INLINE void swiglu_pair(const quant_core *c, const uint16_t *x0, const uint16_t 
     device_expv2(minus, e);
     for (int k = 0; k < 2; k++) {
         vfloat v = flush_subnormal(flush_subnormal(a[k]) / (e[k] + 1.0f)) * b[k];
-        if (c->has_weight) v = v * c->weight;
-        if (c->plus_zero) v = v + 0.0f;
+        if (has_weight) v = v * weight;
+        if (plus_zero) v = v + 0.0f;
         y[k] = v;
     }
 }
 
-static void core_vector(const quant_core *c, const uint16_t *x0, const uint16_t *x1, float *y, size_t n)
+INLINE void core_body(const quant_core *c, const uint16_t *x0, const uint16_t *x1, float *y, uint16_t *narrow,
+                      size_t n, int fp16, int clamp_on, int has_weight)
 {
     for (size_t i = 0; i < n; i += 2 * LANES) {
         vfloat v[2];
-        swiglu_pair(c, x0, x1, i, v);
-        vstore(y + i, v[0]);
-        vstore(y + i + LANES, v[1]);
+        swiglu_pair(c, x0, x1, i, v, fp16, clamp_on, has_weight, narrow == NULL);
+        for (int k = 0; k < 2; k++) {
+            if (narrow == NULL) {
+                vstore(y + i + (size_t)k * LANES, v[k]);
+            } else {
+                vhalf h = fp16 ? float_to_halfv(v[k]) : float_to_bf16v(v[k]);
+                memcpy(narrow + i + (size_t)k * LANES, &h, sizeof h);
+            }
+        }
     }
+}
+
+#define DEFINE_CORE(name, fp16, clamp_on, has_weight)                                                             \
+    static void name(const quant_core *c, const uint16_t *x0, const uint16_t *x1, float *y, uint16_t *narrow,   \
+                     size_t n)                                                                                 \
+    {                                                                                                          \
+        if (narrow == NULL) core_body(c, x0, x1, y, NULL, n, fp16, clamp_on, has_weight);                      \
+        else core_body(c, x0, x1, NULL, narrow, n, fp16, clamp_on, has_weight);                                \
+    }
+DEFINE_CORE(core_bf16, 0, 0, 0)
+DEFINE_CORE(core_bf16_w, 0, 0, 1)
+DEFINE_CORE(core_bf16_c, 0, 1, 0)
+DEFINE_CORE(core_bf16_cw, 0, 1, 1)
+DEFINE_CORE(core_f16, 1, 0, 0)
+DEFINE_CORE(core_f16_w, 1, 0, 1)
+DEFINE_CORE(core_f16_c, 1, 1, 0)
+DEFINE_CORE(core_f16_cw, 1, 1, 1)
+
+typedef void (*core_fn)(const quant_core *, const uint16_t *, const uint16_t *, float *, uint16_t *, size_t);
+
+static core_fn core_for(const quant_core *c)
+{
+    static const core_fn cores[2][2][2] = {{{core_bf16, core_bf16_w}, {core_bf16_c, core_bf16_cw}},
+                                           {{core_f16, core_f16_w}, {core_f16_c, core_f16_cw}}};
+    return cores[c->x_dtype == ACL_FLOAT16][c->clamp_on != 0][c->has_weight != 0];
+}
+
+/* y with the +0 step (the callers' FP8 paths ask for it), or rounded to x's format without it. */
+static void core_vector(const quant_core *c, const uint16_t *x0, const uint16_t *x1, float *y, size_t n)
+{
+    core_for(c)(c, x0, x1, y, NULL, n);
 }
 
 static void core_narrow_vector(const quant_core *c, const uint16_t *x0, const uint16_t *x1, uint16_t *out, size_t n)
 {
-    const int fp16 = c->x_dtype == ACL_FLOAT16;
-    for (size_t i = 0; i < n; i += 2 * LANES) {
-        vfloat v[2];
-        swiglu_pair(c, x0, x1, i, v);
-        for (int k = 0; k < 2; k++) {
-            vhalf h = fp16 ? float_to_halfv(v[k]) : float_to_bf16v(v[k]);
-            memcpy(out + i + (size_t)k * LANES, &h, sizeof h);
-        }
-    }
+    core_for(c)(c, x0, x1, NULL, out, n);
 }
 
 /* ---- FP8 ---- */
