@@ -438,3 +438,29 @@ def test_the_reference_checks_weight_groups_and_out():
     with pytest.raises(ValueError, match=r"out\[0\] \(y\) must have shape \(2, 128\)"):
         reference.swiglu_group_quant(x, dst_type="float4_e1m2", quant_mode=1, round_scale=True,
                                      out=(np.zeros((2, 256), np.uint8), np.zeros((2, 4, 2), np.uint8)))
+
+
+def test_a_power_of_two_scale_on_an_exponent_step_may_be_the_next_one():
+    """A group whose max is 448 has s = fp32(448 * fp32(1/448)) = 1.0 exactly, and a max a few
+    ulps higher gives scale 2: a device whose y is that much larger writes byte 128 and codes at
+    that scale. The comparison allows it (scale_boundary) and judges the codes at the result's
+    scale; the same change in a group away from a step fails."""
+    y = np.zeros((1, 128))
+    y[0, :2] = [448.0, 1.0]
+    y[0, 32:34] = [300.0, 1.0]
+    x = _exact_y_rows(y, np.float16)
+    codes, scales = fm.forward(x, dst=fm.E4M3FN, quant_mode=1, round_scale=True)
+    assert scales[0].tolist()[:2] == [127, 127]
+    assert _judge(x, None, codes, scales).passed
+    stepped_codes, stepped_scales = codes.copy(), scales.copy()
+    stepped_scales[0, 0] = 128                  # scale 2: 448 -> 224, 1 -> 0.5
+    stepped_codes[0, :2] = [0x76, 0x30]
+    verdict = _judge(x, None, stepped_codes, stepped_scales)
+    assert verdict.passed and verdict.scale_boundary == 1, str(verdict)
+    stepped_codes[0, 1] = 0x38                  # codes still at scale 1 do not fit scale 2
+    assert _judge(x, None, stepped_codes, stepped_scales).code_mismatches == 1
+    away_codes, away_scales = codes.copy(), scales.copy()
+    away_scales[0, 1] = 129                     # 300 is nowhere near a step
+    away_codes[0, 32:34] = [0x71, 0x30]
+    verdict = _judge(x, None, away_codes, away_scales)
+    assert not verdict.passed and verdict.scale_mismatches == 1
