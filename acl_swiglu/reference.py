@@ -18,7 +18,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from ._dtypes import as_dtype, is_bfloat16
+from . import formats as _formats
+from ._dtypes import as_dtype, bfloat16_dtype, is_bfloat16
 from ._validate import check_clamp_limit
 
 __all__ = [
@@ -26,9 +27,12 @@ __all__ = [
     "EXP_OVERFLOW_X",
     "TOLERANCES",
     "Comparison",
+    "QuantComparison",
     "compare",
+    "compare_quantised",
     "device_departures",
     "swiglu",
+    "swiglu_group_quant",
     "swiglu_group_quant_grad",
 ]
 
@@ -614,3 +618,576 @@ def compare(actual: np.ndarray, golden: np.ndarray, dtype: Any = None,
         departures_nan=n_dep_nan,
         worst_index=worst_index,
     )
+
+
+# ============================================================================= the forward
+# aclnnSwigluGroupQuant, quant modes 0 and 1 (docs/forward.md): y = silu(x0) * x1 (clamped,
+# times the weight) in float64, rounded once to fp32 (the device holds y in fp32), then the
+# documented quantisation rules, their fp32 products included: the block / group maximum, the
+# 1e-4 floor, s = amax * fp32(1/max), the power-of-two scale rule on s's bits, round-half-even
+# casts. So a device result departs from this reference only through the few ulps of its own
+# fp32 SwiGLU (exp, division) and, in mode 0 without round_scale, its M / amax division.
+
+_FWD_BLOCK = 128
+_FWD_GROUP = 32
+_AMAX_FLOOR = np.float32(1e-4)                       # 0x38D1B717
+_FP8_FACTOR = {"float8_e4m3fn": np.uint32(0x3B124925), "float8_e5m2": np.uint32(0x37924925)}   # fp32(1/max)
+_FP8_NAN = {"float8_e4m3fn": 0x7F, "float8_e5m2": 0x7E}
+_FWD_EMAX_KEY = {"float4_e2m1fn": 0x0100, "float4_e1m2": 0x0000}
+_FWD_STICKY = {"float4_e2m1fn": 0x00FF, "float4_e1m2": 0x007F}
+_FWD_NOT_EMULATED = {2: "static HiFloat8", 3: "dynamic HiFloat8", 5: "the dual-axis MX mode of aclnnSwigluGroupQuantV2"}
+_FWD_CHUNK_ELEMENTS = 1 << 18
+
+
+@dataclass(frozen=True)
+class _Forward:
+    """A checked forward call: T, H, trunc, the destination type, the mode and its options."""
+
+    rows: int
+    hidden: int
+    trunc: int
+    dst: _formats.DstType
+    quant_mode: int
+    round_scale: bool
+    clamp: Optional[np.float32]
+    x_dtype: np.dtype
+
+    @property
+    def per_scale(self) -> int:
+        return _FWD_BLOCK if self.quant_mode == 0 else _FWD_GROUP
+
+    @property
+    def y_shape_tail(self) -> Tuple[int, ...]:
+        return (self.hidden // 2,) if self.dst.packed else (self.hidden,)
+
+    @property
+    def scale_tail(self) -> Tuple[int, ...]:
+        groups = self.hidden // _FWD_GROUP
+        return (self.hidden // _FWD_BLOCK,) if self.quant_mode == 0 else ((groups + 1) // 2, 2)
+
+
+def _check_forward(x: object, weight: object, group_index: object, dst_type: object, quant_mode: object,
+                   block_size: object, round_scale: object, clamp_limit: object) -> _Forward:
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"x must be a numpy.ndarray, got {type(x).__name__}")
+    if x.dtype != _F16 and not is_bfloat16(x.dtype):
+        raise TypeError(f"x must have dtype float16 or bfloat16 (quant modes 0 and 1), got {x.dtype}")
+    if isinstance(quant_mode, (bool, np.bool_)) or not isinstance(quant_mode, (int, np.integer)):
+        raise TypeError(f"quant_mode must be an int (0 or 1), got {type(quant_mode).__name__}")
+    mode = int(quant_mode)
+    if mode in _FWD_NOT_EMULATED:
+        raise ValueError(f"quant_mode {mode} ({_FWD_NOT_EMULATED[mode]}) is not emulated: quant modes 0 (block FP8) "
+                         "and 1 (MX FP8/FP4) are")
+    if mode not in (0, 1):
+        raise ValueError(f"quant_mode must be 0 (block FP8) or 1 (MX), got {mode}")
+    dst = _formats.as_dst_type(dst_type)
+    if mode not in dst.quant_modes:
+        if dst.name == "hifloat8":
+            raise ValueError("dst_type 'hifloat8' belongs to quant modes 2 and 3, which are not emulated")
+        raise ValueError(f"dst_type {dst.name!r} needs quant_mode {' or '.join(map(str, dst.quant_modes))}, got {mode}")
+    if not 2 <= x.ndim <= (_MAX_RANK if mode == 0 else _MAX_RANK - 1):
+        raise ValueError(f"x must have rank 2..{_MAX_RANK if mode == 0 else _MAX_RANK - 1} in quant_mode {mode}, "
+                         f"got shape {x.shape}")
+    rows = math.prod(x.shape[:-1])
+    if rows == 0:
+        raise ValueError(f"x must not be empty (T = 0 rows), got shape {x.shape}")
+    width = x.shape[-1]
+    if width < 256 or width % 256:
+        raise ValueError(f"x's last dimension must be a multiple of 256 (2H, H a multiple of 128), got shape {x.shape}")
+    if weight is not None:
+        if not isinstance(weight, np.ndarray):
+            raise TypeError(f"weight must be a numpy.ndarray, got {type(weight).__name__}")
+        if weight.dtype != _F32:
+            raise TypeError(f"weight must have dtype float32, got {weight.dtype}")
+        if not 1 <= weight.ndim <= _MAX_RANK or weight.size != rows:
+            raise ValueError(f"weight must hold T = {rows} elements (one per row) in 1..8 dims, got shape {weight.shape}")
+    trunc = rows
+    if group_index is not None:
+        gi = np.asarray(group_index)
+        if gi.dtype == np.bool_ or not np.issubdtype(gi.dtype, np.integer):
+            raise TypeError(f"group_index must have an integer dtype (int64), got {gi.dtype}")
+        if gi.ndim != 1 or gi.size == 0:
+            raise ValueError(f"group_index must be 1-D [G] with G > 0, got shape {gi.shape}")
+        # The counts are summed in int64 (wrapping); rows from the sum on are not computed.
+        total = int(np.sum(gi.astype(np.int64), dtype=np.int64))
+        trunc = max(0, min(total, rows))
+    if isinstance(block_size, (bool, np.bool_)) or not isinstance(block_size, (int, np.integer)):
+        raise TypeError(f"block_size must be an int, got {type(block_size).__name__}")
+    block = _FWD_BLOCK if mode == 0 else _FWD_GROUP
+    if int(block_size) not in (0, block):
+        raise ValueError(f"block_size must be 0 or {block} in quant_mode {mode}, got {block_size}")
+    if not isinstance(round_scale, (bool, np.bool_)):
+        raise TypeError(f"round_scale must be a bool, got {type(round_scale).__name__}")
+    if mode == 1 and not round_scale:
+        raise ValueError("round_scale must be True in quant_mode 1 (MX scales are powers of two)")
+    return _Forward(rows, width // 2, trunc, dst, mode, bool(round_scale) or mode == 1, _check_clamp(clamp_limit),
+                    x.dtype)
+
+
+def _ulp32(v: np.ndarray) -> np.ndarray:
+    """The fp32 ulp at |v| (float64; the ulp of the largest finite float for inf, NaN for NaN)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        a = np.abs(v).astype(np.float32)
+        ulp: np.ndarray = np.spacing(np.minimum(a, np.float32(np.finfo(np.float32).max))).astype(np.float64)
+    return ulp
+
+
+def _pow2_exponent(s: np.ndarray) -> np.ndarray:
+    """ceil(log2 s) of fp32 s from its bits: the exponent field - 127, plus 1 for a non-zero mantissa."""
+    u = np.ascontiguousarray(s, dtype=np.float32).view(np.uint32)
+    exponent: np.ndarray = ((u >> 23) & 0xFF).astype(np.int64) - 127 + ((u & 0x7FFFFF) != 0)
+    return exponent
+
+
+def _bits_f32(u: np.ndarray) -> np.ndarray:
+    return (np.asarray(u, dtype=np.int64) & 0xFFFFFFFF).astype(np.uint32).view(np.float32)
+
+
+def _fp8_codes(q: np.ndarray, name: str) -> np.ndarray:
+    """fp32 -> FP8 codes, round half to even, not saturating; NaN stored as the emulator's code."""
+    with np.errstate(all="ignore"):
+        codes = np.ascontiguousarray(q, dtype=np.float32).astype(_formats.as_dst_type(name).storage_dtype)
+    codes = codes.view(np.uint8).copy()
+    nan = np.isnan(q)
+    if name == "float8_e4m3fn":
+        nan |= (codes & 0x7F) == 0x7F      # overflow and inf: NaN of either sign
+    codes[nan] = _FP8_NAN[name]
+    return codes
+
+
+@dataclass
+class _Rows:
+    """The reference for some rows: codes [r, H] (FP4 unpacked), scales [r, S] (float32, or the
+    E8M0 bytes), the value each code rounds (float64, after scaling), how far a device's value
+    may lie from it (the window), where a power-of-two scale sits on a step (boundary), and the
+    multiplier per block."""
+
+    codes: np.ndarray
+    scales: np.ndarray
+    value: np.ndarray
+    window: np.ndarray
+    boundary: np.ndarray
+    multiplier: np.ndarray
+
+
+_FLT_MIN = float(np.finfo(np.float32).tiny)
+
+
+def _flush_subnormal(v: np.ndarray) -> np.ndarray:
+    """fp32-subnormal magnitudes to zero of the same sign (float64 arrays)."""
+    flushed: np.ndarray = np.where(np.abs(v) < _FLT_MIN, np.copysign(0.0, v), v)
+    return flushed
+
+
+def _forward_y(f: _Forward, x2: np.ndarray, w1: Optional[np.ndarray], r0: int, r1: int) -> np.ndarray:
+    """y in float64: the swish x0 / (1 + exp(-x0)) times x1 (and the weight), with the two
+    places where the operator's fp32 formula departs from the math by construction kept: exp(-x0)
+    is +inf from x0 <= -88.72283935546875 on (the swish is -0 there, so -0 * inf is NaN), and the
+    division reads an fp32-subnormal operand, and gives an fp32-subnormal quotient, as 0."""
+    h = f.hidden
+    x0, x1 = _clamped(_widen(x2[r0:r1, :h]), _widen(x2[r0:r1, h:]), f.clamp)
+    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
+        e = np.exp(-x0)
+        e[-x0 >= EXP_OVERFLOW_X] = np.inf
+        swish = _flush_subnormal(_flush_subnormal(x0) / (1.0 + e))   # x0 = -inf: -inf / inf = NaN
+        y: np.ndarray = swish * x1
+        if w1 is not None:
+            y *= w1[r0:r1, None].astype(np.float64)
+    return y
+
+
+def _fp8_rows(f: _Forward, y64: np.ndarray, ulps: float) -> _Rows:
+    name = f.dst.name
+    r, h = y64.shape
+    n = f.per_scale
+    with np.errstate(all="ignore"):
+        y64 = y64 + 0.0                              # the +0 step: -0 becomes +0
+        yf = y64.astype(np.float32)
+        blocks = yf.reshape(r, h // n, n)
+        a = np.abs(blocks)
+        if f.quant_mode == 0:
+            a = np.where(np.isfinite(a), a, np.float32(0))      # inf and NaN count as 0
+            amax = a.max(axis=-1)
+        else:
+            amax = np.where(np.isnan(a).any(axis=-1), np.float32(np.nan), a.max(axis=-1))
+        amax = np.where(np.isnan(amax) | (amax > _AMAX_FLOOR), amax, _AMAX_FLOOR).astype(np.float32)
+        factor = np.uint32(_FP8_FACTOR[name]).view(np.float32)
+        s = (amax * factor).astype(np.float32)
+        e = _pow2_exponent(s)
+        scales: np.ndarray
+        if f.quant_mode == 1:
+            scales = ((e + 127) & 0xFF).astype(np.uint8)
+            inv = _bits_f32((127 - e) << 23)
+        elif f.round_scale:
+            scales = _bits_f32((e + 127) << 23)
+            inv = _bits_f32((127 - e) << 23)
+        else:
+            scales = s
+            inv = (np.float32(f.dst.max) / amax).astype(np.float32)
+        q = blocks * inv[..., None]
+        value = y64.reshape(r, h // n, n) * inv[..., None].astype(np.float64)
+        if f.quant_mode == 0:
+            finite = np.isfinite(q)
+            q = np.where(finite, q, blocks)
+            value = np.where(finite, value, blocks.astype(np.float64))
+        # A power-of-two scale is on a step when amax a few ulps either way gives another exponent.
+        boundary = np.zeros(amax.shape, dtype=bool)
+        if f.round_scale:
+            spread = amax.astype(np.float64) * (ulps * 2.0 ** -23)
+            lo = ((amax - spread).astype(np.float32) * factor).astype(np.float32)
+            hi = ((amax + spread).astype(np.float32) * factor).astype(np.float32)
+            boundary = np.isfinite(amax) & (_pow2_exponent(lo) != _pow2_exponent(hi))
+    codes = _fp8_codes(q.reshape(r, h), name)
+    value = value.reshape(r, h)
+    with np.errstate(invalid="ignore"):
+        window = np.nan_to_num(ulps * _ulp32(value))
+    return _Rows(codes, scales, value, window, boundary, inv)
+
+
+def _fp4_operand_bf16(v16: np.ndarray, fp16: bool, name: str) -> np.ndarray:
+    """The bf16 operand of the FP4 scaling (as float32): fp16 v with the sticky bit folded into
+    bit 3 and truncated to bf16; bf16 v as is."""
+    if not fp16:
+        return (v16.astype(np.uint32) << 16).view(np.float32)
+    low = v16 & _FWD_STICKY[name]
+    bits = np.where((low > 0) & (low < 8), v16 | 0x0008, v16).astype(np.uint16)
+    widened = bits.view(np.float16).astype(np.float32).view(np.uint32)
+    return (widened & np.uint32(0xFFFF0000)).view(np.float32)
+
+
+def _fp4_key(v16: np.ndarray, fp16: bool) -> np.ndarray:
+    if not fp16:
+        return (v16 & 0x7F80).astype(np.int64)
+    widened = (v16.view(np.float16).astype(np.float32).view(np.uint32) >> 16) & 0x7F80
+    return np.where((v16 & 0x7C00) == 0x7C00, 0x7F80, widened).astype(np.int64)
+
+
+def _fp4_recip(key: np.ndarray, name: str) -> Tuple[np.ndarray, np.ndarray]:
+    """(E8M0 bytes, bf16 multiplier bits) from the groups' exponent keys."""
+    emax = _FWD_EMAX_KEY[name]
+    shift = np.maximum(key, emax) - emax
+    scales = np.where(key == 0x7F80, 0xFF, np.where(key == 0, 0, shift >> 7)).astype(np.uint8)
+    recip = (0x7F00 - shift) & 0xFFFF
+    recip = np.where(key == 0x7F80, 0x7F81, recip)
+    recip = np.where(key == 0, 0, recip)
+    recip = np.where(shift == 0x7F00, 0x0040, recip)
+    return scales, recip.astype(np.uint32)
+
+
+def _fp4_rows(f: _Forward, y64: np.ndarray, ulps: float) -> _Rows:
+    name = f.dst.name
+    fp16 = f.x_dtype == _F16
+    r, h = y64.shape
+    n = _FWD_GROUP
+    with np.errstate(all="ignore"):
+        yf = y64.astype(np.float32)                  # no +0 step on this path
+        v = yf.astype(f.x_dtype)                     # y rounded to x's dtype
+        v16 = np.ascontiguousarray(v).view(np.uint16).reshape(r, h // n, n)
+        key = _fp4_key(v16, fp16).max(axis=-1)
+        scales, recip = _fp4_recip(key, name)
+        recip_f = (recip << 16).view(np.float32)
+        operand = _fp4_operand_bf16(v16, fp16, name)
+        product = (operand * recip_f[..., None]).astype(np.float32)
+        p = product.astype(bfloat16_dtype()).astype(np.float64)
+        codes = _formats._fp4_codes(p, f.dst)
+        value = y64.reshape(r, h // n, n) * recip_f[..., None].astype(np.float64)
+        # y is rounded to x's 16-bit format before anything else: a device's value may lie one
+        # such ulp (at the scaled value) from the reference's.
+        ulp16 = np.abs(np.spacing(np.abs(v).astype(f.x_dtype)).astype(np.float64)) if fp16 else \
+            np.ldexp(1.0, np.frexp(np.abs(v.astype(np.float64)))[1] - 8)
+        window = ulp16.reshape(r, h // n, n) * recip_f[..., None].astype(np.float64)
+        amax = np.abs(yf).reshape(r, h // n, n).max(axis=-1)
+        spread = amax.astype(np.float64) * (ulps * 2.0 ** -23)
+        lo = (amax - spread).astype(np.float32).astype(f.x_dtype)
+        hi = (amax + spread).astype(np.float32).astype(f.x_dtype)
+        lo16 = np.ascontiguousarray(lo).view(np.uint16)
+        hi16 = np.ascontiguousarray(hi).view(np.uint16)
+        boundary = np.isfinite(amax) & (_fp4_key(lo16, fp16) != _fp4_key(hi16, fp16))
+    return _Rows(codes.reshape(r, h), scales, value.reshape(r, h), np.nan_to_num(window.reshape(r, h)), boundary,
+                 recip_f)
+
+
+def _forward_rows(f: _Forward, x2: np.ndarray, w1: Optional[np.ndarray], r0: int, r1: int, ulps: float) -> _Rows:
+    y64 = _forward_y(f, x2, w1, r0, r1)
+    return _fp4_rows(f, y64, ulps) if f.dst.packed else _fp8_rows(f, y64, ulps)
+
+
+def _forward_out(f: _Forward, x: np.ndarray, out: object) -> Tuple[np.ndarray, np.ndarray]:
+    y_shape = x.shape[:-1] + f.y_shape_tail
+    s_shape = x.shape[:-1] + f.scale_tail
+    y_dtype = f.dst.storage_dtype
+    s_dtype = _F32 if f.quant_mode == 0 else np.dtype(np.uint8)
+    if out is None:
+        return np.zeros(y_shape, dtype=y_dtype), np.zeros(s_shape, dtype=s_dtype)
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        raise TypeError(f"out must be a (y, y_scale) pair, got {type(out).__name__}")
+    checked: List[np.ndarray] = []
+    for name, arr, shape, dtype in (("out[0] (y)", out[0], y_shape, y_dtype), ("out[1] (y_scale)", out[1], s_shape, s_dtype)):
+        if not isinstance(arr, np.ndarray):
+            raise TypeError(f"{name} must be a numpy.ndarray, got {type(arr).__name__}")
+        if arr.dtype.name == "float8_e8m0fnu" and f.quant_mode == 1 and name.startswith("out[1]"):
+            arr = arr.view(np.uint8)
+        if arr.dtype != dtype:
+            raise TypeError(f"{name} must have dtype {dtype}{' or float8_e8m0fnu' if f.quant_mode == 1 and dtype == np.uint8 else ''}, got {arr.dtype}")
+        if arr.shape != shape:
+            raise ValueError(f"{name} must have shape {shape}, got {arr.shape}")
+        if not arr.flags.c_contiguous or not arr.flags.writeable:
+            raise ValueError(f"{name} must be C-contiguous and writeable")
+        if np.may_share_memory(arr, x) or any(np.may_share_memory(arr, other) for other in checked):
+            raise ValueError(f"{name} must not share memory with x or the other output")
+        checked.append(arr)
+    return checked[0], checked[1]
+
+
+def swiglu_group_quant(x: np.ndarray, weight: Optional[np.ndarray] = None,
+                       group_index: Union[np.ndarray, Sequence[int], None] = None, *, dst_type: Any,
+                       quant_mode: int = 0, block_size: int = 0, round_scale: bool = False,
+                       clamp_limit: Optional[float] = None,
+                       out: Optional[Tuple[np.ndarray, np.ndarray]] = None) -> Tuple[np.ndarray, np.ndarray]:
+    """Reference of aclnnSwigluGroupQuant, quant modes 0 and 1: ``(y, y_scale)`` in the storage a
+    device gives them.
+
+    x [..., 2H] float16 or bfloat16 (x[..., :H] is the gate), weight float32 with one element per
+    row, group_index int counts (rows from their sum on are not computed), ``dst_type`` one of
+    acl_swiglu.formats.DST_TYPES (a name or an ml_dtypes dtype). quant_mode 0: FP8 codes with one
+    float32 scale per 128 elements (powers of two with round_scale); quant_mode 1: MX, one E8M0
+    scale per 32 elements, FP8 or FP4 (round_scale must be True). ``clamp_limit`` None is off.
+
+    Returns y [..., H] as the ml_dtypes FP8 dtype, or [..., H/2] uint8 with two FP4 codes a byte
+    (element 2i low nibble); y_scale [..., H/128] float32 (mode 0) or [..., H/64, 2] as
+    ml_dtypes.float8_e8m0fnu (mode 1). Rows t >= trunc are zero, or, with ``out=(y, y_scale)``
+    (arrays of those dtypes and shapes; for mode 1 scales uint8 bytes or float8_e8m0fnu), left as
+    they were, as the device leaves the caller's buffers.
+
+    The math is float64: y = x0 / (1 + exp(-x0)) * x1 (x0 = min(x0, c), x1 = clip(x1, -c, c))
+    times the weight, rounded once to fp32; then the documented quantisation (docs/forward.md).
+    Two properties of the operator's fp32 swish are kept because they are not rounding noise:
+    from x0 <= -88.72283935546875 on exp(-x0) overflows and the swish is -0 (so -0 * inf = NaN),
+    and the division reads fp32-subnormal operands and quotients as 0. NaN codes are the
+    emulator's (E4M3FN 0x7F, E5M2 0x7E, FP4 NaN as +0).
+    """
+    f = _check_forward(x, weight, group_index, dst_type, quant_mode, block_size, round_scale, clamp_limit)
+    y_out, s_out = _forward_out(f, x, out)
+    s_bytes = s_out.view(np.uint8) if f.quant_mode == 1 else s_out
+    y2 = y_out.reshape(f.rows, -1).view(np.uint8) if not f.dst.packed else y_out.reshape(f.rows, -1)
+    s2 = s_bytes.reshape(f.rows, -1)
+    x2 = x.reshape(f.rows, 2 * f.hidden)
+    w1 = None if weight is None else weight.reshape(f.rows)
+    step = max(1, _FWD_CHUNK_ELEMENTS // (2 * f.hidden))
+    for r0 in range(0, f.trunc, step):
+        r1 = min(f.trunc, r0 + step)
+        rows = _forward_rows(f, x2, w1, r0, r1, 0.0)
+        if f.dst.packed:
+            y2[r0:r1] = rows.codes[:, 0::2] | (rows.codes[:, 1::2] << 4)
+        else:
+            y2[r0:r1] = rows.codes
+        s2[r0:r1] = rows.scales
+    if f.quant_mode == 1:
+        return y_out, _formats.e8m0_view(s_out.view(np.uint8))
+    return y_out, s_out
+
+
+@dataclass
+class QuantComparison:
+    """Verdict and figures of a quantised result (y codes and y_scale) against the reference.
+
+    Rows past trunc are not judged. Codes: NaN and +-inf positions (and inf signs) must match;
+    another code passes when it is the reference's, or the reference's neighbour where the
+    reference's value (before the cast, after the scaling) lies within the window of the
+    midpoint between the two (``near_midpoint``): a few fp32 ulps for FP8, one ulp of x's format
+    for FP4, where y is rounded to it first. Scales: powers of two (mode 1, round_scale) must be
+    equal unless the reference's amax a few ulps either way gives another exponent
+    (``scale_boundary``; that block's codes are then judged at the result's scale); mode 0's fp32
+    scales without round_scale may differ by ``scale_ulps``. Where the operator's fp32 swish
+    departs from the math by construction (exp overflowing for x0 <= -88.72, subnormal operands
+    and quotients of its division), the reference follows the operator (see
+    `swiglu_group_quant`), so every element is judged."""
+
+    passed: bool
+    dst_type: str
+    quant_mode: int
+    rows_judged: int
+    count: int
+    exact: int
+    near_midpoint: int
+    code_mismatches: int
+    nan_mismatch: int
+    inf_mismatch: int
+    scale_count: int
+    scale_mismatches: int
+    scale_boundary: int
+    max_scale_ulps: int
+    worst_index: Optional[Tuple[int, ...]]
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def __str__(self) -> str:
+        head = (f"{'PASS' if self.passed else 'FAIL'} {self.dst_type} mode {self.quant_mode}: "
+                f"{self.code_mismatches}/{self.count} codes wrong, {self.near_midpoint} one step off at a rounding "
+                f"midpoint, {self.exact} exact; NaN mismatches {self.nan_mismatch}, inf mismatches {self.inf_mismatch}")
+        if self.worst_index is not None:
+            head += f"; first wrong at {self.worst_index}"
+        tail = (f"  scales: {self.scale_mismatches}/{self.scale_count} wrong, {self.scale_boundary} on an exponent step, "
+                f"max {self.max_scale_ulps} ulps apart; {self.rows_judged} rows judged")
+        return head + "\n" + tail
+
+    def to_dict(self) -> Dict[str, Any]:
+        d = asdict(self)
+        d["worst_index"] = None if self.worst_index is None else [int(i) for i in self.worst_index]
+        return d
+
+
+def _decoded(codes: np.ndarray, dst: _formats.DstType) -> np.ndarray:
+    """float64 values of uint8 codes (FP4: one code per byte, unpacked)."""
+    if dst.packed:
+        table = np.concatenate([_formats._FP4_VALUES[dst.name], -_formats._FP4_VALUES[dst.name]])
+        values: np.ndarray = table[codes & 0x0F]
+        return values
+    return codes.view(dst.storage_dtype).astype(np.float64)
+
+
+def _result_arrays(f: _Forward, x: np.ndarray, y: object, y_scale: object) -> Tuple[np.ndarray, np.ndarray]:
+    """The result as uint8 codes [T, H] (FP4 unpacked) and scales [T, S] (float32 or E8M0 bytes)."""
+    if not isinstance(y, np.ndarray) or not isinstance(y_scale, np.ndarray):
+        raise TypeError("y and y_scale must be numpy.ndarrays")
+    y_shape = x.shape[:-1] + f.y_shape_tail
+    if y.shape != y_shape:
+        raise ValueError(f"y must have shape {y_shape}, got {y.shape}")
+    if f.dst.packed or y.dtype == np.uint8:
+        if y.dtype != np.uint8:
+            raise TypeError(f"y of {f.dst.name} must be packed uint8, got {y.dtype}")
+        codes = y.reshape(f.rows, -1)
+    elif y.dtype == f.dst.storage_dtype:
+        codes = y.reshape(f.rows, -1).view(np.uint8)
+    else:
+        raise TypeError(f"y must have dtype {f.dst.storage_dtype} (or its uint8 bytes), got {y.dtype}")
+    if f.dst.packed:
+        unpacked = np.empty((f.rows, f.hidden), dtype=np.uint8)
+        unpacked[:, 0::2] = codes & 0x0F
+        unpacked[:, 1::2] = codes >> 4
+        codes = unpacked
+    s_shape = x.shape[:-1] + f.scale_tail
+    if y_scale.shape != s_shape:
+        raise ValueError(f"y_scale must have shape {s_shape}, got {y_scale.shape}")
+    if f.quant_mode == 0:
+        if y_scale.dtype != _F32:
+            raise TypeError(f"y_scale must have dtype float32 in quant_mode 0, got {y_scale.dtype}")
+        scales = y_scale.reshape(f.rows, -1)
+    else:
+        scales = _formats._e8m0_bytes(y_scale).reshape(f.rows, -1)[:, :f.hidden // _FWD_GROUP]
+    return codes, scales
+
+
+def _rejudged(f: _Forward, y64: np.ndarray, scales: np.ndarray, ref: _Rows, redo: np.ndarray, ulps: float) -> None:
+    """Codes and values of the blocks in `redo` (a power-of-two scale one step from the
+    reference's) recomputed at the result's own scale, in place in `ref`."""
+    r, h = y64.shape
+    n = f.per_scale
+    blocks = np.nonzero(redo)
+    dev = scales[blocks].astype(np.int64) if f.quant_mode == 1 else _pow2_exponent(scales[blocks]) + 127
+    if f.dst.packed:
+        shift = dev << 7
+        multiplier = _bits_f32(((0x7F00 - shift) & 0xFFFF) << 16)
+    else:
+        multiplier = _bits_f32((254 - dev) << 23)     # 2^-E from the scale 2^E
+    for (t, b), m in zip(zip(*blocks), multiplier):
+        cols = slice(b * n, (b + 1) * n)
+        y = y64[t, cols]
+        if f.dst.packed:
+            fp16 = f.x_dtype == _F16
+            v16 = np.ascontiguousarray(y.astype(np.float32).astype(f.x_dtype)).view(np.uint16)
+            product = (_fp4_operand_bf16(v16, fp16, f.dst.name) * np.float32(m)).astype(np.float32)
+            ref.codes[t, cols] = _formats._fp4_codes(product.astype(bfloat16_dtype()).astype(np.float64), f.dst)
+            ref.window[t, cols] *= float(m) / float(ref.multiplier[t, b]) if ref.multiplier[t, b] else 0.0
+        else:
+            with np.errstate(all="ignore"):
+                y = y + 0.0
+                q = (y.astype(np.float32) * np.float32(m)).astype(np.float32)
+            ref.codes[t, cols] = _fp8_codes(q, f.dst.name)
+            ref.window[t, cols] = ulps * _ulp32(y * float(m))
+        ref.value[t, cols] = y * float(m)
+
+
+def compare_quantised(y: np.ndarray, y_scale: np.ndarray, x: np.ndarray, weight: Optional[np.ndarray] = None,
+                      group_index: Union[np.ndarray, Sequence[int], None] = None, *, dst_type: Any,
+                      quant_mode: int = 0, block_size: int = 0, round_scale: bool = False,
+                      clamp_limit: Optional[float] = None, ulps: float = 4.0, scale_ulps: int = 4) -> QuantComparison:
+    """Judge a quantised result ``(y, y_scale)`` of these inputs against the reference (see
+    `QuantComparison` for the rules). y and y_scale are in the storage `swiglu_group_quant`
+    returns (FP8 as ml_dtypes or uint8 bytes, FP4 packed uint8, E8M0 scales as float8_e8m0fnu or
+    uint8). ``ulps``: the window around a rounding midpoint, in fp32 ulps of the reference's value
+    (the device's fp32 y carries up to about three: its exp and division are 1-ulp operations);
+    ``scale_ulps``: how far mode 0's exact fp32 scales may lie apart."""
+    f = _check_forward(x, weight, group_index, dst_type, quant_mode, block_size, round_scale, clamp_limit)
+    if not (isinstance(ulps, (int, float)) and ulps >= 0) or isinstance(ulps, bool):
+        raise ValueError(f"ulps must be a number >= 0, got {ulps!r}")
+    codes, scales = _result_arrays(f, x, y, y_scale)
+    x2 = x.reshape(f.rows, 2 * f.hidden)
+    w1 = None if weight is None else weight.reshape(f.rows)
+    step = max(1, _FWD_CHUNK_ELEMENTS // (2 * f.hidden))
+    n = f.per_scale
+    count = exact = near = wrong = nan_mm = inf_mm = 0
+    scale_count = scale_wrong = scale_boundary = max_ulps = 0
+    first_wrong: Optional[int] = None
+    for r0 in range(0, f.trunc, step):
+        r1 = min(f.trunc, r0 + step)
+        ref = _forward_rows(f, x2, w1, r0, r1, float(ulps))
+        got_scales = scales[r0:r1]
+        # -- scales
+        if f.round_scale:
+            differs = got_scales != ref.scales
+            allowed = differs & ref.boundary
+            scale_boundary += int(np.count_nonzero(allowed))
+            scale_wrong += int(np.count_nonzero(differs & ~ref.boundary))
+            if allowed.any():
+                y64 = _forward_y(f, x2, w1, r0, r1)
+                _rejudged(f, y64, got_scales, ref, allowed, float(ulps))
+            apart = np.where(differs, 1, 0)
+        else:
+            a = got_scales.view(np.int32).astype(np.int64)
+            b = np.ascontiguousarray(ref.scales, dtype=np.float32).view(np.int32).astype(np.int64)
+            apart = np.abs(a - b)
+            scale_wrong += int(np.count_nonzero(apart > scale_ulps))
+        max_ulps = max(max_ulps, int(apart.max(initial=0)))
+        scale_count += got_scales.size
+        # -- codes
+        got = codes[r0:r1]
+        judged = np.ones(got.shape, dtype=bool)
+        count += got.size
+        gv = _decoded(got, f.dst)
+        rv = _decoded(ref.codes, f.dst)
+        g_nan, r_nan = np.isnan(gv), np.isnan(rv)
+        g_inf, r_inf = np.isinf(gv), np.isinf(rv)
+        nan_bad = judged & (g_nan != r_nan)
+        with np.errstate(invalid="ignore"):
+            inf_bad = judged & ~nan_bad & ((g_inf != r_inf) | (g_inf & r_inf & (np.sign(gv) != np.sign(rv))))
+            finite = judged & ~g_nan & ~r_nan & ~g_inf & ~r_inf
+            same = finite & (gv == rv)
+            alike = same | (judged & g_nan & r_nan) | (judged & g_inf & r_inf & (np.sign(gv) == np.sign(rv)))
+            mag_g = (got & (0x07 if f.dst.packed else 0x7F)).astype(np.int64)
+            mag_r = (ref.codes & (0x07 if f.dst.packed else 0x7F)).astype(np.int64)
+            sign_bit = 0x08 if f.dst.packed else 0x80
+            same_sign = ((got & sign_bit) == (ref.codes & sign_bit)) | (mag_g == 0) | (mag_r == 0)
+            neighbours = finite & ~same & same_sign & (np.abs(mag_g - mag_r) == 1)
+            midpoint = (gv + rv) / 2
+            close = np.abs(np.nan_to_num(ref.value) - midpoint) <= ref.window
+        one_step = neighbours & close
+        bad = nan_bad | inf_bad | (finite & ~same & ~one_step)
+        nan_mm += int(np.count_nonzero(nan_bad))
+        inf_mm += int(np.count_nonzero(inf_bad))
+        exact += int(np.count_nonzero(alike))
+        near += int(np.count_nonzero(one_step))
+        wrong += int(np.count_nonzero(finite & ~same & ~one_step))
+        if first_wrong is None and bad.any():
+            first_wrong = r0 * f.hidden + int(np.flatnonzero(bad)[0])
+    worst = None
+    if first_wrong is not None:
+        t, hh = divmod(first_wrong, f.hidden)
+        worst = tuple(int(i) for i in np.unravel_index(t, x.shape[:-1])) + (hh,)
+    passed = nan_mm == 0 and inf_mm == 0 and wrong == 0 and scale_wrong == 0
+    return QuantComparison(passed=bool(passed), dst_type=f.dst.name, quant_mode=f.quant_mode, rows_judged=f.trunc,
+                           count=count, exact=exact, near_midpoint=near, code_mismatches=wrong, nan_mismatch=nan_mm,
+                           inf_mismatch=inf_mm, scale_count=scale_count,
+                           scale_mismatches=scale_wrong, scale_boundary=scale_boundary, max_scale_ulps=max_ulps,
+                           worst_index=worst)

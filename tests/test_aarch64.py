@@ -1,7 +1,7 @@
 """The emulator on aarch64: cross-built with Debian's aarch64 gcc
 (cmake/toolchain-aarch64-linux-gnu.cmake) and its C tests and C++ sample run by ctest under
-qemu-user. test_golden among them checks that the kernel's outputs are the same bytes as on
-x86-64."""
+qemu-user. test_golden and test_forward_golden among them check that the backward's and the
+forward's kernels give the same bytes as on x86-64."""
 
 import os
 import shutil
@@ -42,7 +42,8 @@ def test_the_libraries_are_aarch64(aarch64_build):
 
 def test_ctest_under_qemu(aarch64_build):
     listed = _run(["ctest", "--test-dir", str(aarch64_build), "-N"]).stdout
-    for test in ("test_golden", "test_kernel", "test_runtime", "test_threads", "test_spec_dlopen", "cpp_sample"):
+    for test in ("test_golden", "test_forward_golden", "test_forward_kernel", "test_kernel", "test_runtime",
+                 "test_threads", "test_spec_dlopen", "cpp_sample"):
         assert f": {test}\n" in listed, f"{test} is not among the cross-built tests"
     result = _run(["ctest", "--test-dir", str(aarch64_build), "--output-on-failure", "-j", "2"], timeout=1800)
     assert "100% tests passed" in result.stdout

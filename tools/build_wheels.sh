@@ -63,7 +63,8 @@ for arch in "${archs[@]}"; do
     cmake -S . -B "build/wheel-golden-$arch" -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_TOOLCHAIN_FILE="$root/cmake/toolchain-zig.cmake" > "build/wheel-golden-$arch.log"
   ACL_SWIGLU_ZIG="$zig" ACL_SWIGLU_ZIG_TARGET="${arch}-linux-gnu.${glibc}" \
-    cmake --build "build/wheel-golden-$arch" -j2 --target test_golden >> "build/wheel-golden-$arch.log"
+    cmake --build "build/wheel-golden-$arch" -j2 --target test_golden test_forward_golden >> "build/wheel-golden-$arch.log"
   "${launcher[@]}" "build/wheel-golden-$arch/native/tests/test_golden"
+  "${launcher[@]}" "build/wheel-golden-$arch/native/tests/test_forward_golden"
 done
 ls -l wheelhouse

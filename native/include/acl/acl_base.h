@@ -62,7 +62,13 @@ typedef enum {
     ACL_STRING = 13,
     ACL_COMPLEX64 = 16,
     ACL_COMPLEX128 = 17,
-    ACL_BF16 = 27
+    ACL_BF16 = 27,
+    ACL_HIFLOAT8 = 34,
+    ACL_FLOAT8_E5M2 = 35,
+    ACL_FLOAT8_E4M3FN = 36,
+    ACL_FLOAT8_E8M0 = 37,
+    ACL_FLOAT4_E2M1 = 40,  /* 4-bit elements, two per byte */
+    ACL_FLOAT4_E1M2 = 41
 } aclDataType;
 
 typedef enum {

@@ -128,8 +128,18 @@ EMU_EXPORT int aclEmu_kernel_variant(void);
 /* ---- small helpers ---- */
 EMU_EXPORT const char *aclEmu_dtype_name(int dtype);
 EMU_EXPORT const char *aclEmu_format_name(int format);
-/* Element size in bytes, 0 for types with no fixed size or unknown values. */
+/* Element size in bits (4 for the FLOAT4 types, which pack two elements per byte); 0 for types
+ * with no fixed size or unknown values. */
+EMU_EXPORT unsigned aclEmu_dtype_bits(int dtype);
+/* Element size in bytes; 0 for unknown types and for the sub-byte FLOAT4 types, whose sizes go
+ * through aclEmu_dtype_bits or aclEmu_element_bytes. */
 EMU_EXPORT size_t aclEmu_dtype_size(int dtype);
+/* The bytes that hold elements [first, first + count) of a storage of `dtype` (element 0 at
+ * byte 0; a FLOAT4 element 2i in the low nibble of byte i, 2i+1 in its high nibble): the first
+ * byte and the byte count (0 for count 0). -1 for an unknown dtype, a negative argument, or a
+ * range whose bits do not fit int64. */
+EMU_EXPORT int aclEmu_element_bytes(int dtype, int64_t first, int64_t count, uint64_t *first_byte,
+                                    uint64_t *bytes);
 
 #ifdef __cplusplus
 }

@@ -14,12 +14,13 @@
 
 int aclEmu_view_bytes(const aclTensor *t, uintptr_t *start, size_t *len)
 {
-    /* aclCreateTensor made sure (last + 1) * element size fits int64. */
-    uint64_t es = aclEmu_dtype_size(t->dtype);
-    uint64_t skip = (uint64_t)t->offset * es;
-    uint64_t span = (uint64_t)(aclEmu_view_last_index(t) - t->offset + 1) * es;
+    /* aclCreateTensor made sure the bytes up to the last element fit int64; a FLOAT4 view's
+     * range takes in the whole bytes its first and last elements share with neighbours. */
+    uint64_t skip, span;
     uintptr_t first, end;
-    if (__builtin_add_overflow((uintptr_t)t->data, skip, &first) ||
+    if (aclEmu_element_bytes(t->dtype, t->offset, aclEmu_view_last_index(t) - t->offset + 1, &skip,
+                             &span) != 0 ||
+        __builtin_add_overflow((uintptr_t)t->data, skip, &first) ||
         __builtin_add_overflow(first, span, &end)) {
         return -1;
     }

@@ -61,7 +61,7 @@ EMU_EXPORT aclTensor *aclCreateTensor(const int64_t *viewDims, uint64_t viewDims
         return reject_tensor("viewDims is NULL but viewDimsNum is %llu",
                              (unsigned long long)viewDimsNum);
     }
-    if (aclEmu_dtype_size(dataType) == 0) {
+    if (aclEmu_dtype_bits(dataType) == 0) {
         return reject_tensor("dataType %d (%s) is not a data type a tensor can hold", (int)dataType,
                              aclEmu_dtype_name(dataType));
     }
@@ -122,14 +122,14 @@ EMU_EXPORT aclTensor *aclCreateTensor(const int64_t *viewDims, uint64_t viewDims
             return reject_tensor("the view's extent overflows int64");
         }
     }
-    /* In bytes too, so that no later address computation can wrap. */
-    int64_t extent_bytes;
-    if (view_numel > 0 && __builtin_mul_overflow(last + 1, (int64_t)aclEmu_dtype_size(dataType),
-                                                 &extent_bytes)) {
+    /* In bytes too (FLOAT4 elements are half a byte each), so that no later address
+     * computation can wrap. */
+    uint64_t first_byte, extent_bytes;
+    if (view_numel > 0 && aclEmu_element_bytes(dataType, last, 1, &first_byte, &extent_bytes) != 0) {
         free(t);
-        return reject_tensor("the view reaches element %lld; at %zu bytes per element that "
+        return reject_tensor("the view reaches element %lld; at %u bits per element that "
                              "overflows int64 bytes",
-                             (long long)last, aclEmu_dtype_size(dataType));
+                             (long long)last, aclEmu_dtype_bits(dataType));
     }
     int64_t storage_numel = view_numel > 0 ? last + 1 : 0;
     if (storageDimsNum > 0) {
@@ -141,9 +141,11 @@ EMU_EXPORT aclTensor *aclCreateTensor(const int64_t *viewDims, uint64_t viewDims
             }
         }
         storage_numel = aclEmu_numel(storageDims, storageDimsNum);
-        if (storage_numel < 0) {
+        if (storage_numel < 0 ||
+            aclEmu_element_bytes(dataType, 0, storage_numel, &first_byte, &extent_bytes) != 0) {
             free(t);
-            return reject_tensor("storageDims overflow int64");
+            return reject_tensor("storageDims overflow int64%s",
+                                 storage_numel < 0 ? "" : " bytes at this dtype's element size");
         }
     }
     if (view_numel > 0 && last >= storage_numel) {
