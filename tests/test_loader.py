@@ -275,9 +275,9 @@ def child_env(**variables: Optional[Union[str, Path]]) -> Dict[str, str]:
     return env
 
 
-def run_child(code: str, env: Dict[str, str], cwd: Path) -> dict:
+def run_child(code: str, env: Dict[str, str], cwd: Path, timeout: float = 300) -> dict:
     proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=str(cwd), capture_output=True, text=True,
-                          timeout=300)
+                          timeout=timeout)
     assert proc.returncode == 0, f"child exited with {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT)]
     assert len(lines) == 1, f"child printed no result\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
