@@ -24,7 +24,6 @@ import platform
 import stat
 import sys
 import threading
-import types
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple, Type, Union, cast
@@ -744,7 +743,6 @@ class _Source:
     operators: Dict[str, OperatorLibrary] = field(default_factory=dict)
     missing: Dict[str, OperatorNotFoundError] = field(default_factory=dict)
     headers: Dict[Tuple[str, str], Optional[TrustedText]] = field(default_factory=dict)
-    files: Dict[Tuple[int, int], ctypes.CDLL] = field(default_factory=dict)   # operator candidates loaded
 
 
 class Libraries:
@@ -945,6 +943,8 @@ _info_cache: Tuple[Optional[Tuple[int, ...]], Optional[BackendInfo]] = (None, No
 def _reset_after_fork() -> None:
     global _lock
     _lock = threading.RLock()   # another thread may have held it at the fork
+    if _loaded is not None:
+        _loaded._source.gate.reset_lock()
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)
@@ -1210,8 +1210,8 @@ def _current_info(libs: Libraries) -> BackendInfo:
         abi_declared=declared.revision if declared else None,
         abi_declared_by=declared.by if declared else None,
         trust=trust,
-        operators=types.MappingProxyType({s: o.path for s, o in source.operators.items()}),
-        operators_missing=types.MappingProxyType({s: str(e) for s, e in source.missing.items()}),
+        operators={s: o.path for s, o in source.operators.items()},
+        operators_missing={s: str(e) for s, e in source.missing.items()},
         **versions,
     )
     _info_cache = (key, info)

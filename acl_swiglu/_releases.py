@@ -17,7 +17,8 @@ the machine, e.g. ``aarch64``):
 6. ``<root>/compiler/version.info``, ``Version=`` (older layout; last, since some older releases
    write a build number there rather than the release name).
 
-The emulator has no CANN version: ``backend_info()`` reports the emulator's own.
+The loader asks the runtime first (``aclsysGetCANNVersion``, acl_swiglu/_loader.py) and reads these
+files only when it cannot answer, each one checked and read through the descriptor it checked.
 """
 
 from __future__ import annotations

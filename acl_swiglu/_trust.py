@@ -417,6 +417,10 @@ class Gate:
         self._libraries: Dict[Tuple[int, int], ctypes.CDLL] = {}
         self._final_stats: Dict[str, os.stat_result] = {}   # what each examined file was
 
+    def reset_lock(self) -> None:
+        """A new lock, in a forked child (another thread may have held this one at the fork)."""
+        self._lock = threading.RLock()
+
     # ---- the check of one path ----
 
     def _examine(self, where: str, kind: str, role: str) -> Optional[str]:
@@ -624,6 +628,10 @@ class Gate:
                     continue
                 dependency = self.open_file(found, top, needed_by)
                 if dependency is None:
+                    if os.path.lexists(found):   # accepted by the variable, but the system loader would block on it
+                        raise LibraryNotFoundError(
+                            f"cannot load {library.path}: its dependency {name} is {found}, which is not a regular "
+                            "file (the system loader would open it as one)")
                     continue
                 opens.append(dependency)
                 if dependency.key in done:
