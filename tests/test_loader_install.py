@@ -6,7 +6,6 @@ the command-line option the user gave rather than the variable it set.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys

@@ -15,7 +15,7 @@ import textwrap
 import pytest
 
 from test_loader import (FORWARD_SYMBOL, PRELUDE, STANDARD, SYMBOL, child_env, fake_libs,  # noqa: F401
-                         fake_paths_mapped, make_root, run_child)
+                         make_root, run_child)
 
 FORWARD_HEADER = "aclnn_swiglu_group_quant.h"
 BACKWARD_HEADER = "aclnn_swiglu_group_quant_grad.h"

@@ -23,7 +23,7 @@ import pytest
 
 from test_loader import (ARCH, DISCOVER, MARKER_C, OPERATOR_C, PRELUDE, RUNTIME_C, STANDARD, child_env,  # noqa: F401
                          expect_error, expect_info, fake_libs, fake_paths_mapped, make_root, once_per_session,
-                         run_child, runtime_warnings, safe_modes)
+                         run_child, runtime_warnings)
 from test_loader_trust import FOREIGN_UID, needs_chown, private_gid
 
 HEADER_PATH = "include/aclnnop/aclnn_swiglu_group_quant_grad.h"
