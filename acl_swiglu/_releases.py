@@ -17,7 +17,8 @@ the machine, e.g. ``aarch64``):
 6. ``<root>/compiler/version.info``, ``Version=`` (older layout; last, since some older releases
    write a build number there rather than the release name).
 
-The emulator has no CANN version: ``backend_info()`` reports the emulator's own.
+The loader asks the runtime first (``aclsysGetCANNVersion``, acl_swiglu/_loader.py) and reads these
+files only when it cannot answer, each one checked and read through the descriptor it checked.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ from __future__ import annotations
 import os
 import platform
 import re
+import stat
 import threading
 import warnings
-from typing import Iterable, Optional, Sequence, Set, Tuple, Union
+from typing import Callable, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 
@@ -76,16 +78,50 @@ def _value(lines: Iterable[str], key: str) -> Optional[str]:
     return None
 
 
-def read_install_version(root: Optional[str]) -> Tuple[Optional[str], Optional[str]]:
-    """(version, file it was read from), or (None, None) when the install records none."""
+def read_text_file(path: str, limit: int = 1 << 20) -> Optional[str]:
+    """The text of the regular file at `path` (at most `limit` bytes), or None when it is absent or
+    not a regular file. Never opened in a way that can block: a FIFO, a device or a directory is
+    refused from its stat, and the open is non-blocking and checked again on the descriptor."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        chunks: List[bytes] = []
+        size = 0
+        while size < limit:
+            chunk = os.read(fd, min(1 << 16, limit - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks).decode("utf-8", "replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def read_install_version(root: Optional[str], read: Optional[Callable[[str], Optional[str]]] = None,
+                         ) -> Tuple[Optional[str], Optional[str]]:
+    """(version, file it was read from), or (None, None) when the install records none.
+
+    `read(path)` gives a file's text, or None when it is absent or is not to be read; the loader
+    passes one that checks each file (acl_swiglu/_trust.py) and reads it through the descriptor it
+    checked. The default reads regular files only.
+    """
     if not root:
         return None, None
+    reader = read or read_text_file
     for path, key in version_files(root):
-        try:
-            with open(path, encoding="utf-8", errors="replace") as handle:
-                value = _value(handle, key)
-        except OSError:
+        text = reader(path)
+        if text is None:
             continue
+        value = _value(text.splitlines(), key)
         if value:
             return value, path
     return None, None

@@ -35,13 +35,28 @@ import pytest
 ARCH = platform.machine() or "x86_64"
 DEFAULT_ROOTS = ("/usr/local/Ascend/cann", "/usr/local/Ascend/ascend-toolkit/latest")
 SYMBOL = "aclnnSwigluGroupQuantGradGetWorkspaceSize"
+FORWARD_SYMBOL = "aclnnSwigluGroupQuantGetWorkspaceSize"
 RESULT = "LOADER-TEST-RESULT:"
 
 # ---- fake libraries ----
 
-RUNTIME_C = r"""
+# Every fake says, when FAKE_MARKER_DIR is set, that its code ran: its constructor creates
+# <FAKE_MARKER_DIR>/<role>. A test can so tell a library that was loaded (its constructor ran)
+# from one that was only looked at.
+MARKER_C = r"""
+#include <stdio.h>
+#include <stdlib.h>
+__attribute__((constructor)) static void fake_ran(void) {
+    const char *dir = getenv("FAKE_MARKER_DIR");
+    if (dir) { char path[4096]; snprintf(path, sizeof path, "%s/%s", dir, ROLE);
+               FILE *f = fopen(path, "w"); if (f) fclose(f); }
+}
+"""
+
+RUNTIME_C = MARKER_C + r"""
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 const char *fake_lib_name(void) { return ROLE; }
 int aclInit(const char *configPath) { (void)configPath; return 0; }
 int aclFinalize(void) { return 0; }
@@ -61,9 +76,44 @@ const char *aclGetRecentErrMsg(void) { return NULL; }
 #ifdef WITH_CANARY
 const char *aclEmuVersion(void) { return "fake-canary 0.0"; }
 #endif
+#ifdef WITH_VERSION_API
+typedef struct { char version[128], major[64], minor[64], release[64], patch[64], reserved[128]; } fake_version;
+/* As CANN's: ACL_PKG_NAME_CANN is the runtime package's Version= line in
+   $ASCEND_HOME_PATH/share/info/runtime/version.info, with '-' and the dots after it folded
+   ("9.2.0-beta.1" -> "9.2.0.beta1"); the emulator's answers ACL_EMU_CANN_VERSION (default 9.2.0). */
+int aclsysGetCANNVersion(int name, fake_version *out) {
+    char text[128] = "";
+    if (name != 0 || out == NULL) return 100000;
+#ifdef WITH_CANARY
+    const char *emulated = getenv("ACL_EMU_CANN_VERSION");
+    snprintf(text, sizeof text, "%s", emulated && *emulated ? emulated : "9.2.0");
+#else
+    const char *home = getenv("ASCEND_HOME_PATH");
+    char path[4096], line[256];
+    if (home == NULL) return 100003;
+    snprintf(path, sizeof path, "%s/share/info/runtime/version.info", home);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) return 100003;
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "Version=", 8) == 0) { line[strcspn(line, "\r\n")] = 0; snprintf(text, sizeof text, "%s", line + 8); break; }
+    }
+    fclose(f);
+    if (!text[0]) return 100003;
+#endif
+    memset(out, 0, sizeof *out);
+    char *dash = strchr(text, '-');
+    size_t n = 0;
+    for (const char *c = text; *c && n < sizeof out->version - 1; c++) {
+        if (c == dash) { out->version[n++] = '.'; continue; }
+        if (dash && c > dash && *c == '.') continue;
+        out->version[n++] = *c;
+    }
+    return 0;
+}
+#endif
 """
 
-META_C = r"""
+META_C = MARKER_C + r"""
 #include <stddef.h>
 #include <stdint.h>
 const char *fake_lib_name(void) { return ROLE; }
@@ -82,18 +132,25 @@ int aclSetRawTensorAddr(void *t, void *a) { (void)t; (void)a; return 0; }
 
 # Like the real operator library, it uses runtime and meta symbols without a DT_NEEDED entry for
 # them: loading it with RTLD_NOW only works when the runtime and meta were loaded RTLD_GLOBAL first.
-OPERATOR_C = r"""
+# BACKWARD and FORWARD choose which operators it exports (the backward by default).
+OPERATOR_C = MARKER_C + r"""
 #include <stddef.h>
 #include <stdint.h>
 extern const char *aclGetRecentErrMsg(void);
 extern int aclDestroyTensor(const void *t);
 const char *fake_lib_name(void) { return ROLE; }
+#ifndef NO_BACKWARD
 int aclnnSwigluGroupQuantGradGetWorkspaceSize(void) { return aclGetRecentErrMsg() == NULL ? 0 : 561000; }
 int aclnnSwigluGroupQuantGrad(void *w, uint64_t n, void *e, void *s) { (void)w; (void)n; (void)s; return aclDestroyTensor(e); }
+#endif
+#ifdef FORWARD
+int aclnnSwigluGroupQuantGetWorkspaceSize(void) { return 0; }
+int aclnnSwigluGroupQuant(void *w, uint64_t n, void *e, void *s) { (void)w; (void)n; (void)e; (void)s; return 0; }
+#endif
 """
 
 # An operator library of a CANN without this operator (not for Ascend 950).
-OTHER_OPERATOR_C = r"""
+OTHER_OPERATOR_C = MARKER_C + r"""
 #include <stdint.h>
 const char *fake_lib_name(void) { return ROLE; }
 int aclnnSwigluQuantGetWorkspaceSize(void) { return 0; }
@@ -102,13 +159,18 @@ int aclnnSwigluQuant(void) { return 0; }
 
 FAKE_BUILDS = {
     # role: (source, extra defines)
-    "ascendcl": (RUNTIME_C, ()),
-    "acl_rt": (RUNTIME_C, ()),
-    "canary": (RUNTIME_C, ("-DWITH_CANARY",)),
+    "ascendcl": (RUNTIME_C, ("-DWITH_VERSION_API",)),
+    "acl_rt": (RUNTIME_C, ("-DWITH_VERSION_API",)),
+    "old_ascendcl": (RUNTIME_C, ()),                       # a runtime without aclsysGetCANNVersion
+    "canary": (RUNTIME_C, ("-DWITH_CANARY", "-DWITH_VERSION_API")),
+    "old_canary": (RUNTIME_C, ("-DWITH_CANARY",)),         # an emulator without aclsysGetCANNVersion
     "nnopbase": (META_C, ()),
     "opapi_nn": (OPERATOR_C, ()),
     "opapi": (OPERATOR_C, ()),
     "cust_opapi": (OPERATOR_C, ()),
+    "evil": (OPERATOR_C, ()),                              # what an attacker would put in place of one
+    "forward": (OPERATOR_C, ("-DNO_BACKWARD", "-DFORWARD")),
+    "both": (OPERATOR_C, ("-DFORWARD",)),
     "no_operator": (OTHER_OPERATOR_C, ()),
 }
 
@@ -156,10 +218,13 @@ def _built_fake_libs(tmp_path_factory) -> Dict[str, Path]:
             text = subprocess.run([nm, "-D", "--defined-only", str(libs[role])], capture_output=True,
                                   text=True, check=True).stdout
             return {line.split()[-1] for line in text.splitlines() if line.strip()}
-        assert {"aclInit", "aclGetRecentErrMsg", "fake_lib_name"} <= exported("ascendcl")
+        assert {"aclInit", "aclGetRecentErrMsg", "fake_lib_name", "aclsysGetCANNVersion"} <= exported("ascendcl")
         assert "aclEmuVersion" not in exported("ascendcl") and "aclEmuVersion" not in exported("acl_rt")
-        assert "aclEmuVersion" in exported("canary")
+        assert "aclEmuVersion" in exported("canary") and "aclsysGetCANNVersion" not in exported("old_canary")
+        assert "aclsysGetCANNVersion" not in exported("old_ascendcl")
         assert SYMBOL in exported("opapi") and SYMBOL not in exported("no_operator")
+        assert FORWARD_SYMBOL in exported("forward") and SYMBOL not in exported("forward")
+        assert {SYMBOL, FORWARD_SYMBOL} <= exported("both")
     return libs
 
 
@@ -210,9 +275,9 @@ def child_env(**variables: Optional[Union[str, Path]]) -> Dict[str, str]:
     return env
 
 
-def run_child(code: str, env: Dict[str, str], cwd: Path) -> dict:
+def run_child(code: str, env: Dict[str, str], cwd: Path, timeout: float = 300) -> dict:
     proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=str(cwd), capture_output=True, text=True,
-                          timeout=300)
+                          timeout=timeout)
     assert proc.returncode == 0, f"child exited with {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT)]
     assert len(lines) == 1, f"child printed no result\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
@@ -261,9 +326,17 @@ DISCOVER = PRELUDE + textwrap.dedent("""
             out["error"] = error(exc)
         libs = _loader.loaded()
         out["loaded"] = libs is not None
-        out["markers"] = ({role: marker(getattr(libs, role)) for role in ("runtime", "meta", "operator")}
-                          if libs is not None else None)
-    out["warnings"] = [{"category": w.category.__name__, "message": str(w.message)} for w in caught]
+        out["markers"] = None
+        if libs is not None:
+            out["markers"] = {"runtime": marker(libs.runtime), "meta": marker(libs.meta), "operator": None}
+            try:
+                out["markers"]["operator"] = marker(_loader.operator_library(_loader.OPERATOR_SYMBOL).library)
+            except Exception as exc:
+                out["operator_error"] = error(exc)
+    out["warnings"] = [{"category": w.category.__name__, "message": str(w.message),
+                        "runtime": issubclass(w.category, RuntimeWarning),
+                        "package": issubclass(w.category, acl_swiglu.AclSwigluWarning),
+                        "filename": w.filename} for w in caught]
     out["maps"] = mapped()
     print(RESULT + json.dumps(out))
 """)
@@ -284,7 +357,8 @@ def expect_error(result: dict) -> dict:
 
 
 def runtime_warnings(result: dict):
-    return [w for w in result["warnings"] if w["category"] == "RuntimeWarning"]
+    """The warnings the package gave (each an AclSwigluWarning, a RuntimeWarning)."""
+    return [w for w in result["warnings"] if w["runtime"]]
 
 
 def fake_paths_mapped(result: dict, base: Path):
@@ -584,22 +658,46 @@ def test_operator_library_that_cannot_be_loaded_is_skipped(tmp_path, fake_libs):
 # ---- what is missing ----
 
 
-def test_cann_without_the_operator_needs_ascend_950(tmp_path, fake_libs):
+def test_cann_without_the_operator_loads_and_says_so_and_its_use_needs_ascend_950(tmp_path, fake_libs):
+    """An install without the operator still loads (another operator may be there); backend_info
+    reports the operator missing, and asking for it raises, naming what was searched and what to do."""
     root = make_root(tmp_path / "cann", fake_libs, {
         "lib64/libascendcl.so": "ascendcl", "lib64/libnnopbase.so": "nnopbase", "opp/vendors/.keep": b""})
     result = discover(tmp_path, ASCEND_HOME_PATH=root, ASCEND_OPP_PATH=root / "opp")
-    err = expect_error(result)
-    assert err["library_not_found"], err
+    info = expect_info(result)
+    assert info["operator"] is None and info["operators"] == {}
+    assert list(info["operators_missing"]) == [SYMBOL]
+    err = result["operator_error"]
+    assert err["type"] == "OperatorNotFoundError" and err["library_not_found"], err
     message = err["message"]
+    assert info["operators_missing"][SYMBOL] == message
     assert "Ascend 950" in message
     assert SYMBOL in message
     assert str(root) in message
-    assert "set_env.sh" in message and "ACL_SWIGLU_BACKEND=emulator" in message
+    assert "set_env.sh" in message and "set ACL_SWIGLU_BACKEND=emulator" in message
     assert runtime_warnings(result) == []   # auto does not fall back when a CANN root is found
     # It lists what was checked: every operator library candidate of the root.
     for candidate in (root / "lib64/libopapi_nn.so", root / "lib64/libopapi.so",
                       root / f"{ARCH}-linux/lib64/libopapi_nn.so", root / f"{ARCH}-linux/lib64/libopapi.so"):
-        assert str(candidate) in message, f"{candidate} is not listed in:\n{message}"
+        assert f"{candidate} (absent)" in message, f"{candidate} is not listed in:\n{message}"
+
+
+def test_a_call_on_a_cann_without_the_operator_raises_the_same_error(tmp_path, fake_libs):
+    root = make_root(tmp_path / "cann", fake_libs, {"lib64/libascendcl.so": "ascendcl",
+                                                     "lib64/libnnopbase.so": "nnopbase"})
+    code = PRELUDE + textwrap.dedent("""
+        import numpy as np
+        import acl_swiglu
+        try:
+            acl_swiglu.swiglu_group_quant_grad(np.ones((2, 4), np.float32), np.ones((2, 8), np.float32))
+            out = {"error": None}
+        except Exception as exc:
+            out = {"error": error(exc)}
+        print(RESULT + json.dumps(out))
+    """)
+    err = run_child(code, child_env(ASCEND_HOME_PATH=root), tmp_path)["error"]
+    assert err is not None and err["type"] == "OperatorNotFoundError" and err["library_not_found"]
+    assert SYMBOL in err["message"] and str(root / "lib64/libopapi.so") in err["message"]
 
 
 def test_cann_whose_operator_libraries_lack_the_symbol_lists_them(tmp_path, fake_libs):
@@ -607,14 +705,19 @@ def test_cann_whose_operator_libraries_lack_the_symbol_lists_them(tmp_path, fake
         "lib64/libascendcl.so": "ascendcl", "lib64/libnnopbase.so": "nnopbase",
         "lib64/libopapi_nn.so": "no_operator", "lib64/libopapi.so": "no_operator"})
     for requested in ("auto", "cann"):
-        result = discover(tmp_path, ASCEND_HOME_PATH=root, ACL_SWIGLU_BACKEND=requested)
-        err = expect_error(result)
+        result = discover(tmp_path, ASCEND_HOME_PATH=root, ACL_SWIGLU_BACKEND=requested,
+                          FAKE_MARKER_DIR=tmp_path)
+        assert expect_info(result)["operator"] is None
+        err = result["operator_error"]
         assert err["library_not_found"], err
         message = err["message"]
         assert "Ascend 950" in message
         assert f"{root / 'lib64/libopapi_nn.so'} (does not export {SYMBOL})" in message
         assert f"{root / 'lib64/libopapi.so'} (does not export {SYMBOL})" in message
         assert runtime_warnings(result) == []
+        # Their symbol tables said so: neither was loaded, so none of their code ran.
+        assert not (tmp_path / "no_operator").exists()
+        assert fake_paths_mapped(result, root / "lib64/libopapi") == []
 
 
 @pytest.mark.parametrize("missing", ["libnnopbase.so", "runtime"])
@@ -695,8 +798,9 @@ def test_backend_auto_with_no_cann_falls_back_to_the_emulator(tmp_path, installe
     assert info["emulator_version"]
     warned = runtime_warnings(result)
     assert len(warned) == 1, result["warnings"]
+    assert warned[0]["package"] and warned[0]["category"] == "AclSwigluWarning"
     assert "emulator" in warned[0]["message"]
-    assert "ACL_SWIGLU_BACKEND=emulator" in warned[0]["message"]
+    assert "Set ACL_SWIGLU_BACKEND=emulator to silence this" in warned[0]["message"]
 
 
 def test_backend_emulator_ignores_ascend_home_path(tmp_path, fake_libs, installed):
@@ -843,19 +947,20 @@ def test_loading_is_thread_safe_and_happens_once(tmp_path, fake_libs):
         import threading, time
         import acl_swiglu
         from acl_swiglu import _loader
+        from acl_swiglu import _trust
         calls = {"load": 0, "open": []}
-        real_load, real_open = _loader.load, _loader._open
+        real_load, real_open = _loader.load, _trust._dlopen
 
         def slow_load(*args, **kwargs):
             calls["load"] += 1
             time.sleep(0.3)     # widen the window in which the other threads arrive
             return real_load(*args, **kwargs)
 
-        def counting_open(path):
-            calls["open"].append(path)
-            return real_open(path)
+        def counting_open(opened, mode):
+            calls["open"].append(opened.path)
+            return real_open(opened, mode)
 
-        _loader.load, _loader._open = slow_load, counting_open
+        _loader.load, _trust._dlopen = slow_load, counting_open
         n = 8
         barrier = threading.Barrier(n)
         infos, libs, errors = [None] * n, [None] * n, []

@@ -112,15 +112,27 @@ def test_a_sticky_bit_on_a_file_does_not_excuse_it(tmp_path, fake_libs):
     assert_refused(discover(tmp_path, ASCEND_HOME_PATH=root), root, "libopapi.so: file writable by group and other")
 
 
-def test_safe_root_loads_and_reports_every_path_checked(tmp_path, fake_libs):
+def test_safe_root_loads_and_reports_every_path_checked_and_why_it_passed(tmp_path, fake_libs):
     root = standard_root(tmp_path, fake_libs)
     result = discover(tmp_path, ASCEND_HOME_PATH=root)
     info = expect_info(result)
     trust = info["trust"]
-    assert trust == {"ran": True, "enforced": True, "problems": [], "note": "", "checked": trust["checked"]}
+    assert {k: trust[k] for k in ("ran", "enforced", "problems", "note")} == {
+        "ran": True, "enforced": True, "problems": [], "note": ""}
     expected = [str(root), str(root / "lib64"), str(root / "lib64/libascendcl.so"),
                 str(root / "lib64/libnnopbase.so"), str(root / "lib64/libopapi.so")]
     assert trust["checked"] == expected
+    files = {entry["path"]: entry for entry in trust["files"] if entry["path"] in expected}
+    assert list(files) == expected
+    assert files[str(root)]["why"] == "directory owned by root, writable by its owner only"
+    assert files[str(root / "lib64/libascendcl.so")] == {
+        "path": str(root / "lib64/libascendcl.so"), "role": "the CANN runtime library",
+        "why": "regular file owned by root, writable by its owner only"}
+    assert files[str(root / "lib64/libopapi.so")]["role"] == (
+        "the library exporting aclnnSwigluGroupQuantGradGetWorkspaceSize")
+    # What the libraries need from outside the install is the system loader's, and said to be.
+    libc = [e for e in trust["files"] if os.path.basename(e["path"]).startswith("libc.so")]
+    assert libc and all("the system loader" in e["why"] for e in libc)
     assert runtime_warnings(result) == []
 
 
@@ -222,7 +234,8 @@ def test_a_symlinked_directory_leading_to_an_unsafe_place_is_refused(tmp_path, f
     (root / "lib64").symlink_to(real)
     real.chmod(0o757)
     assert_refused(discover(tmp_path, ASCEND_HOME_PATH=root), root,
-                   f"{root / 'lib64'} (a symlink to {real}): directory writable by other users (mode 0757)")
+                   f"refusing to load {root / 'lib64/libascendcl.so'} (the real file: {real / 'libascendcl.so'})",
+                   f"{real}: directory writable by other users (mode 0757)")
 
 
 def test_a_symlink_out_of_the_root_to_a_safe_place_loads_and_checks_the_way_there(tmp_path, fake_libs):
