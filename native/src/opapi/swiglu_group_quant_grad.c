@@ -10,8 +10,10 @@
 #include <string.h>
 
 #include "aclnnop/aclnn_swiglu_group_quant_grad.h"
+#include "common/emu_release.h"
 #include "nnopbase/launch.h"
 #include "swiglu_kernel.h"
+#include "swiglu_tiling.h"
 
 /* Scratch the operator asks for whenever it has rows to process. */
 #define WORKSPACE_BYTES ((uint64_t)16 << 10)
@@ -42,6 +44,7 @@ typedef struct {
     float clamp;
     int64_t rows;
     int64_t hidden;
+    swiglu_tiling tiling;     /* of the release the emulator stands in for (aclEmu_release) */
     swiglu_group_mode group_mode;
     uint64_t group_count;
     int64_t group_values[];   /* revision 1 only */
@@ -269,6 +272,10 @@ EMU_EXPORT aclnnStatus aclnnSwigluGroupQuantGradGetWorkspaceSize(
     aclOpExecutor **executor)
 {
     int abi = 2;
+    swiglu_release_traits release = {SWIGLU_TILING_CURRENT, 0, 0};
+    int64_t release_key[EMU_RELEASE_KEY_PARTS];
+    aclEmu_release(release_key);
+    (void)tiling_traits_of_key(release_key, &release);   /* every release the runtime names has traits */
     int rc = aclEmu_fault(PHASE1);
     if (rc == 0) rc = aclEmu_require_device(PHASE1);
     if (rc == 0) rc = aclEmu_abi_revision(PHASE1, ACLNN_ERR_PARAM_INVALID, &abi);
@@ -316,6 +323,7 @@ EMU_EXPORT aclnnStatus aclnnSwigluGroupQuantGradGetWorkspaceSize(
     data->clamp = swiglu_float_nearest(clampLimit);   /* the caller's rounding mode must not move the limit */
     data->rows = rows;
     data->hidden = hidden;
+    data->tiling = release.tiling;
     data->group_count = group_count;
     data->group_mode = group_array != NULL   ? SWIGLU_GROUPS_HOST
                        : in[IN_GROUP_INDEX] ? SWIGLU_GROUPS_DEVICE
@@ -360,6 +368,7 @@ static int run_kernel(const aclEmuLaunch *launch)
     a.dtype = in[IN_GRAD_Y]->dtype;
     a.rows = data->rows;
     a.hidden = data->hidden;
+    a.tiling = data->tiling;
     to_kernel_view(in[IN_GRAD_Y], &a.grad_y);
     to_kernel_view(in[IN_X], &a.x);
     to_kernel_view(out[OUT_GRAD_X], &a.grad_x);
