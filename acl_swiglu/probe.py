@@ -294,9 +294,17 @@ def _environment() -> Json:
     from . import _device_info, _ffi
 
     info = acl_swiglu.backend_info()
+    package = os.path.dirname(os.path.abspath(acl_swiglu.__file__))
+
+    def where(path: Optional[str]) -> Optional[str]:   # the bundled emulator's files, wherever installed
+        if path and os.path.abspath(path).startswith(package + os.sep):
+            return "<acl_swiglu>" + os.path.abspath(path)[len(package):]
+        return path
+
     env: Json = {"backend": info.backend, "package_version": acl_swiglu.__version__,
                  "emulator_version": info.emulator_version, "abi_revision": acl_swiglu.abi_revision(),
-                 "libraries": {"runtime": info.runtime, "meta": info.meta, "operator": info.operator},
+                 "libraries": {"runtime": where(info.runtime), "meta": where(info.meta),
+                               "operator": where(info.operator)},
                  "python": platform.python_version(), "numpy": np.__version__,
                  "platform": f"{platform.system()} {platform.machine()}"}
     cores = _device_info.current_vector_cores()
