@@ -22,6 +22,7 @@ The emulator has no CANN version: ``backend_info()`` reports the emulator's own.
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import re
@@ -121,6 +122,7 @@ FIXED_IN = "9.2.0-beta.2"
 NEWEST_RELEASE = "9.2.0"
 
 
+@functools.lru_cache(maxsize=64)   # the guards ask on every call: one dict lookup after the first
 def release_info(version: Optional[str]) -> Optional[Release]:
     """The known release a version string names (any spelling normalise() accepts), else None."""
     return RELEASES.get(normalise(version)) if version else None
@@ -187,7 +189,7 @@ def _core_count(cores: Cores) -> "_device_info.CoreCount":
         return _device_info.current_vector_cores()
     if isinstance(cores, tuple):
         return _device_info.CoreCount(int(cores[0]), str(cores[1]))
-    return _device_info.CoreCount(int(cores), "given by the caller")
+    return _device_info.CoreCount(int(cores), "the caller")
 
 
 def host_trunc(group_index: GroupCounts, tokens: int) -> int:

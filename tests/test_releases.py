@@ -120,7 +120,7 @@ def test_the_refusal_names_the_release_the_numbers_the_source_what_is_safe_and_t
         assert fragment in text, (fragment, text)
     with pytest.raises(ReleaseLimitationError, match=r"72 vector cores \(assumed: the largest"):
         check_trunc(60, 100, version="9.1.0", cores=_device_info.CoreCount(72, "assumed: the largest Ascend 950 part"))
-    with pytest.raises(ReleaseLimitationError, match=r"8 vector cores \(from given by the caller\)"):
+    with pytest.raises(ReleaseLimitationError, match=r"8 vector cores \(from the caller\)"):
         check_trunc(7, 100, version="9.1.0", cores=8)
 
 
