@@ -1323,6 +1323,8 @@ def check(args: argparse.Namespace) -> int:
             differences.append(f"{c['family']}/{c['name']}: {why}")
     print(f"record: {args.check} ({env.get('backend')}, CANN {release}, {env.get('vector_cores')} vector cores, "
           f"{env.get('soc')})")
+    for line in differences:
+        print(f"differs: {line}")
     print(f"{'family':<20} {'cases':>6} {'agree':>6} {'differ':>7} {'not replayed':>13}")
     totals = [0, 0, 0, 0]
     for name, row in table.items():
@@ -1331,8 +1333,6 @@ def check(args: argparse.Namespace) -> int:
         print(f"{name:<20} {row[0]:>6} {row[1]:>6} {row[2]:>7} {row[3]:>13}")
         totals = [a + b for a, b in zip(totals, row)]
     print(f"{'total':<20} {totals[0]:>6} {totals[1]:>6} {totals[2]:>7} {totals[3]:>13}")
-    for line in differences:
-        print(f"differs: {line}")
     return EXIT_DIFFERS if differences else EXIT_OK
 
 

@@ -113,13 +113,21 @@ def test_check_replays_the_record_and_every_case_agrees(record_run):
     assert proc.returncode == probe.EXIT_OK, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].startswith(f"record: {out} (emulator, CANN 9.2.0, 56 vector cores")
-    table = {line.split()[0]: [int(v) for v in line.split()[1:]] for line in lines[2:]}
+    table = _table(proc.stdout)
     record = json.loads(out.read_text())
     for family in probe.FAMILY_NAMES:
         cases = _cases(record, family)
         skipped = sum(c["status"] == "skipped" for c in cases)
         assert table[family] == [len(cases), len(cases) - skipped, 0, skipped], family
     assert "differs" not in proc.stdout
+
+
+def _table(stdout):
+    """--check's per-family table, which ends its output: {family: [cases, agree, differ, not replayed]}."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split()[:2] == ["family", "cases"])
+    assert lines[-1].startswith("total")
+    return {line.split()[0]: [int(v) for v in line.split()[1:]] for line in lines[start + 1:]}
 
 
 def _flip_one_bit(record, family, name, output, index, bit):
@@ -145,8 +153,7 @@ def test_check_reports_a_one_bit_change_in_a_recorded_case(record_run, tmp_path)
     proc = run_probe(["--check", str(path), "--jobs", "2", "--families", "exp_bits,reduce_tree,determinism"],
                      tmp_path)
     assert proc.returncode == probe.EXIT_DIFFERS, proc.stdout + proc.stderr
-    table = {line.split()[0]: [int(v) for v in line.split()[1:]] for line in proc.stdout.splitlines()[2:]
-             if not line.startswith("differs")}
+    table = _table(proc.stdout)
     assert table["exp_bits"] == [4, 3, 1, 0] and table["reduce_tree"] == [27, 26, 1, 0]
     assert table["determinism"] == [3, 3, 0, 0]
     differs = [line for line in proc.stdout.splitlines() if line.startswith("differs: ")]
