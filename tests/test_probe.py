@@ -449,3 +449,22 @@ def test_the_console_script_is_installed():
 
     scripts = {e.name: e.value for e in entry_points(group="console_scripts") if e.name.startswith("acl-swiglu")}
     assert scripts["acl-swiglu-probe"] == "acl_swiglu.probe:main"
+
+
+def test_on_a_device_the_emulators_result_stands_beside_each_case():
+    cases = [probe.Case("div_rounding", "a", {"lead": [1]}), probe.Case("div_rounding", "b", {"lead": [1]}),
+             probe.Case("div_rounding", "c", {"lead": [1]}, skip="why not")]
+    device = {0: {"status": "ok", "outputs": {"grad_x": probe.encode(np.zeros(2, np.float32))}},
+              1: {"status": "ok", "outputs": {"grad_x": probe.encode(np.array([0.0, -0.0], np.float32))}}}
+    emulated = {0: copy.deepcopy(device[0]), 1: copy.deepcopy(device[0])}
+    args = probe.build_parser().parse_args(["--families", "div_rounding"])
+    record = probe._record(args, _env(), cases, device, emulated, False, {"tiling": "not measured"}, 1.0)
+    a, b, c = record["cases"]
+    assert a["emulator"] == {"agrees": True, "same_run": False} and a["device"] is device[0]
+    assert b["emulator"]["agrees"] is False and b["emulator"]["result"] == emulated[1]
+    assert b["emulator"]["differs"] == ("grad_x: 1 element(s) differ, first at flat index 1: "
+                                        "0x80000000 vs 0x00000000")
+    assert c == {"family": "div_rounding", "name": "c", "recipe": {"lead": [1]}, "status": "skipped",
+                 "skip_reason": "why not"}
+    assert record["families"] == {"div_rounding": {"decides": probe.FAMILIES[5].decides, "unsafe": False,
+                                                   "cases": 3, "skipped": 1, "agree": 1}}
