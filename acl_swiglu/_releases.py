@@ -23,27 +23,21 @@ files only when it cannot answer, each one checked and read through the descript
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import re
 import stat
 import threading
 import warnings
-from typing import Callable, Iterable, List, Optional, Sequence, Set, Tuple, Union
+from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 
-from .errors import ArgumentError
+from .errors import AclSwigluWarning, ArgumentError
 
-#: Releases whose kernel predates the group_index deadlock fix and the fp16/bf16 widening fix.
-AFFECTED_RELEASES = ("9.1.0", "9.2.0-beta.1")
-FIXED_IN = "9.2.0-beta.2"
-
-#: Vector (AIV) cores of an Ascend 950, the kernel's block count limit: the operator's tiling runs
-#: min(T, vector cores) blocks. Published platform data for the 950's architecture (3510) gives
-#: 28 cube and 56 vector cores; the count cannot be read on the host without a device call.
-AIV_CORES_950 = 56
-
+if TYPE_CHECKING:   # imported where used: _device_info binds the C API, which imports this module
+    from . import _device_info
 
 class ReleaseLimitationError(ArgumentError):
     """A call the installed CANN release is known to mishandle (for example, to hang the device)."""
@@ -133,29 +127,71 @@ def normalise(version: str) -> str:
     return text[1:] if re.match(r"v\d", text) else text
 
 
+# ---- the releases and what is known about them (docs/cann_releases.md) ----
+
+
+class Release(NamedTuple):
+    """What one CANN release's aclnnSwigluGroupQuantGrad does differently (from its public source;
+    none of it seen on hardware yet)."""
+
+    name: str
+    kernel: str                     # "9.1.0": UB factor 12, no dtype terms; "current": 14, +2 fp16/bf16
+    hangs_on_partial_trunc: bool    # 0 < trunc < min(T, vector cores) deadlocks the device
+    unwritten_at_trunc_0: bool      # trunc = 0 leaves every row unwritten
+    narrow_inputs_corrupted: bool   # fp16/bf16 inputs may be corrupted (before the widening fix)
+    weight_needs_rank: bool         # weight must have grad_y's rank with last dim 1
+    clamp_off_band: bool            # |c + 1| <= 1e-6 (fp32) is "off", not only c == -1
+    driver: Optional[str]           # the driver the release notes pair it with, where they say
+
+
+#: Every release that ships the operator, oldest first.
+RELEASES: Dict[str, Release] = {r.name: r for r in (
+    Release("9.1.0", "9.1.0", True, True, True, True, False, None),
+    Release("9.1.1", "9.1.0", True, True, True, True, False, "26.1.1"),          # no fix known: as 9.1.0
+    Release("9.2.0-beta.1", "9.1.0", True, True, True, False, False, None),
+    Release("9.2.0-beta.2", "current", False, False, False, False, False, None),
+    Release("9.2.0", "current", False, False, False, False, True, "26.2.RC1"),
+)}
+#: Releases whose kernel predates the group_index deadlock fix and the fp16/bf16 widening fix.
+AFFECTED_RELEASES = tuple(name for name, r in RELEASES.items() if r.hangs_on_partial_trunc)
+FIXED_IN = "9.2.0-beta.2"
+NEWEST_RELEASE = "9.2.0"
+
+
+@functools.lru_cache(maxsize=64)   # the guards ask on every call: one dict lookup after the first
+def release_info(version: Optional[str]) -> Optional[Release]:
+    """The known release a version string names (any spelling normalise() accepts), else None."""
+    return RELEASES.get(normalise(version)) if version else None
+
+
 def is_affected(version: Optional[str]) -> bool:
     """True for the releases of AFFECTED_RELEASES (in any spelling normalise() accepts)."""
-    return version is not None and normalise(version) in AFFECTED_RELEASES
+    info = release_info(version)
+    return info is not None and info.hangs_on_partial_trunc
 
 
 def known_issues(version: str) -> str:
-    """What goes wrong on an affected release, and the fix."""
+    """What goes wrong on a release, and the fix ('' for a release with no known issue)."""
+    info = release_info(version)
+    if info is None or not info.hangs_on_partial_trunc:
+        return ""
     text = (f"CANN {version} ships an aclnnSwigluGroupQuantGrad kernel from before the fixes of {FIXED_IN}: "
-            f"a call with group_index giving 0 < trunc < min(T, {AIV_CORES_950}) hangs the device, with "
-            "trunc = 0 the rows are never written, and fp16/bf16 inputs may be corrupted")
-    if normalise(version) == "9.1.0":
+            "a call with group_index giving 0 < trunc < min(T, the device's vector cores) hangs the device, "
+            "with trunc = 0 the rows are never written, and fp16/bf16 inputs may be corrupted")
+    if info.weight_needs_rank:
         text += "; weight must also have grad_y's rank with last dim 1"
     return text + f". Upgrade to CANN {FIXED_IN} or later."
 
 
 _warned: Set[str] = set()
 _warn_lock = threading.Lock()
-_installed_release: Optional[str] = None   # the loaded CANN's version (None: none read, or the emulator)
+_installed_release: Optional[str] = None   # the loaded CANN's version (None: none read)
 
 
 def record_install(version: Optional[str]) -> None:
-    """Called by the loader with the version of the CANN it loaded: remembered for check_call, and
-    a warning once per process and release when it is one of AFFECTED_RELEASES."""
+    """Called by the loader with the version of the CANN it loaded: remembered as the default of
+    the checks below, and a warning once per process and release when it is one of
+    AFFECTED_RELEASES."""
     global _installed_release
     _installed_release = version
     if version is None or not is_affected(version):
@@ -164,7 +200,7 @@ def record_install(version: Optional[str]) -> None:
         if normalise(version) in _warned:
             return
         _warned.add(normalise(version))
-    warnings.warn(f"acl_swiglu: {known_issues(version)}", RuntimeWarning, stacklevel=6)
+    warnings.warn(f"acl_swiglu: {known_issues(version)}", AclSwigluWarning, stacklevel=6)
 
 
 class _Unset:
@@ -173,26 +209,23 @@ class _Unset:
 
 _UNSET = _Unset()
 GroupCounts = Union[np.ndarray, Sequence[int]]
+#: A core count as the checks take it: the device's (count, source), a bare count, or None to
+#: ask the calling thread's device.
+Cores = Union["_device_info.CoreCount", Tuple[int, str], int, None]
 
 
-def check_call(trunc: int, tokens: int, version: Union[Optional[str], _Unset] = _UNSET) -> None:
-    """Refuses a call the installed release is known to hang on: 0 < trunc < min(tokens, AI cores).
+def _version(version: Union[Optional[str], _Unset]) -> Optional[str]:
+    return _installed_release if isinstance(version, _Unset) else version
 
-    ``trunc`` is min(sum of group_index as uint32, T) as the host sees it, ``tokens`` is T.
-    ``version`` defaults to the loaded CANN's (None on the emulator: nothing to check).
-    """
-    if isinstance(version, _Unset):
-        version = _installed_release
-    if not is_affected(version):
-        return
-    limit = min(int(tokens), AIV_CORES_950)
-    if 0 < trunc < limit:
-        raise ReleaseLimitationError(
-            f"group_index gives trunc = {trunc} of T = {tokens} rows: on CANN {version} a call with "
-            f"0 < trunc < min(T, {AIV_CORES_950} AI cores) = {limit} hangs the device, so it is refused. "
-            f"Upgrade CANN to {FIXED_IN} or later (the fix of this deadlock); on {version} only calls "
-            f"whose group_index sums to at least {limit} rows, or calls without group_index, are safe."
-        )
+
+def _core_count(cores: Cores) -> "_device_info.CoreCount":
+    from . import _device_info
+
+    if cores is None:
+        return _device_info.current_vector_cores()
+    if isinstance(cores, tuple):
+        return _device_info.CoreCount(int(cores[0]), str(cores[1]))
+    return _device_info.CoreCount(int(cores), "the caller")
 
 
 def host_trunc(group_index: GroupCounts, tokens: int) -> int:
@@ -208,11 +241,137 @@ def guard_active() -> bool:
     return is_affected(_installed_release)
 
 
+def check_trunc(trunc: int, tokens: int, *, version: Union[Optional[str], _Unset] = _UNSET,
+                cores: Cores = None) -> None:
+    """Refuses a call the release is known to hang on: 0 < trunc < min(tokens, vector cores).
+
+    ``trunc`` is min(sum of group_index as uint32, T) as the host sees it, ``tokens`` is T.
+    ``version`` defaults to the loaded CANN's; ``cores`` to the calling thread's device's count
+    (asked only when the release and the values could hang). Raises ReleaseLimitationError.
+    """
+    version = _version(version)
+    if not is_affected(version):
+        return
+    trunc, tokens = int(trunc), int(tokens)
+    if trunc <= 0 or trunc >= tokens:   # no partial truncation: safe whatever the core count
+        return
+    count = _core_count(cores)
+    limit = min(tokens, count.cores)
+    if trunc < limit:
+        raise ReleaseLimitationError(
+            f"group_index gives trunc = {trunc} of T = {tokens} rows: on CANN {version} a call with "
+            f"0 < trunc < min(T, vector cores) hangs the device, and this device has {count.describe()}, "
+            f"so the limit is min({tokens}, {count.cores}) = {limit} and the call is refused. Safe on {version}: "
+            f"no group_index, or group_index summing to 0 or to at least {limit} rows. The fix: upgrade CANN to "
+            f"{FIXED_IN} or later."
+        )
+
+
+def check_group_counts(counts: Optional[GroupCounts], tokens: int, *,
+                       version: Union[Optional[str], _Unset] = _UNSET, cores: Cores = None) -> None:
+    """check_trunc for group_index counts the host can see (revision 1's host values, a NumPy
+    call's array, a plan's rebinding with host values); returns at once when there are none or
+    the release is not affected."""
+    if counts is None or not is_affected(_version(version)):
+        return
+    check_trunc(host_trunc(counts, tokens), tokens, version=version, cores=cores)
+
+
+def check_call(trunc: int, tokens: int, version: Union[Optional[str], _Unset] = _UNSET, cores: Cores = None) -> None:
+    """check_trunc with the version as a positional argument (the earlier form)."""
+    check_trunc(trunc, tokens, version=version, cores=cores)
+
+
 def check_group_index(group_index: Optional[GroupCounts], tokens: int,
-                      version: Union[Optional[str], _Unset] = _UNSET) -> None:
-    """check_call for a call whose group_index counts are on the host (revision 1, or the NumPy
-    one-shot call); returns at once when there is none or the release is not affected."""
-    if isinstance(version, _Unset):
-        version = _installed_release
-    if group_index is not None and version is not None and is_affected(version):
-        check_call(host_trunc(group_index, tokens), tokens, version)
+                      version: Union[Optional[str], _Unset] = _UNSET, cores: Cores = None) -> None:
+    """check_group_counts with the version as a positional argument (the earlier form)."""
+    check_group_counts(group_index, tokens, version=version, cores=cores)
+
+
+# ---- device hazards the public kernel source shows (unverified; docs/cann_releases.md) ----
+
+MISALIGNED_H = "misaligned-h"
+ZERO_FILL_WRAP = "zero-fill-wrap"
+OFFSET_WRAP = "offset-wrap"
+HAZARD_CLASSES = (MISALIGNED_H, ZERO_FILL_WRAP, OFFSET_WRAP)
+_PROBE_FAMILY = {MISALIGNED_H: "misaligned_h", ZERO_FILL_WRAP: "zero_fill_large_h", OFFSET_WRAP: "large_offsets"}
+
+
+def _probe_advice(hazard: str) -> str:
+    unsafe = " --unsafe" if hazard == OFFSET_WRAP else ""
+    return (f"To see what this device does, run `acl-swiglu-probe --families {_PROBE_FAMILY[hazard]}{unsafe} "
+            "--out probe.json` and send probe.json (docs/fidelity.md).")
+
+
+def hazards(tokens: int, hidden: int, itemsize: int, trunc_possible: bool, cores: Cores) -> List[Tuple[str, str]]:
+    """The device hazards a call of this shape may meet, as (class, text) pairs (HAZARD_CLASSES).
+
+    ``tokens`` is T, ``hidden`` H, ``itemsize`` the bytes of an element of grad_y and x (4, or 2
+    for fp16/bf16), ``trunc_possible`` whether rows past trunc may exist (a group_index that may
+    sum to less than T), ``cores`` the device's vector cores (a count, (count, source), or None
+    when unknown: then the smallest part of the family, 8, is assumed, which packs the most rows
+    on a core). Pure: it asks nothing.
+    """
+    from . import _device_info
+
+    tokens, hidden, itemsize = int(tokens), int(hidden), int(itemsize)
+    found: List[Tuple[str, str]] = []
+    if tokens <= 0 or hidden <= 0:
+        return found
+    if isinstance(cores, tuple):
+        count, known = int(cores[0]), not str(cores[1]).startswith(_device_info.ASSUMED)
+    elif cores is None:
+        count, known = 0, False
+    else:
+        count, known = int(cores), True
+    if not known:
+        count = min(_device_info.FAMILY_VECTOR_CORES)
+    align, dtype = (8, "fp32") if itemsize == 4 else (16, "fp16/bf16")
+    if hidden % align and tokens > count:
+        where = f"this device's {count} vector cores" if known else             f"a part with {count} vector cores (this device's count is not known)"
+        found.append((MISALIGNED_H, (
+            f"aclnnSwigluGroupQuantGrad: H = {hidden} is not a multiple of {align} ({dtype}) and T = {tokens} rows put "
+            f"more than one row on {where}. The public kernel source pads x's rows in on-chip memory but not "
+            "grad_y's, so a core's later rows may be paired with shifted grad_y values (not yet seen on hardware). "
+            + _probe_advice(MISALIGNED_H))))
+    row_bytes = 2 * hidden * itemsize
+    if trunc_possible and row_bytes >= 1 << 16:
+        found.append((ZERO_FILL_WRAP, (
+            f"aclnnSwigluGroupQuantGrad: rows past trunc are zero-filled with a 16-bit copy length in the public "
+            f"kernel source, and a grad_x row here is 2H x {itemsize} = {row_bytes} bytes >= 65536, so that length "
+            "wraps and those rows are likely left unwritten (not yet seen on hardware); fill grad_x with zeros "
+            "yourself if you rely on them. " + _probe_advice(ZERO_FILL_WRAP))))
+    if tokens * 2 * hidden >= 1 << 32:
+        found.append((OFFSET_WRAP, (
+            f"aclnnSwigluGroupQuantGrad: T x 2H = {tokens} x {2 * hidden} = {tokens * 2 * hidden} elements >= 2^32, "
+            "and the public kernel source computes element offsets in 32 bits, so rows past 2^32 elements likely "
+            "read and write the wrong places (not yet seen on hardware); split the call along T. "
+            + _probe_advice(OFFSET_WRAP))))
+    return found
+
+
+_hazards_warned: Set[str] = set()
+
+
+def warn_hazards(tokens: int, hidden: int, itemsize: int, trunc_possible: bool, cores: Cores, *,
+                 emulator: Optional[bool] = None) -> List[Tuple[str, str]]:
+    """hazards(), each class warned once per process with AclSwigluWarning, on a real install
+    only (``emulator`` None: ask the loaded backend). The emulator computes the clean result
+    for these shapes (docs/emulator.md). Returns the hazards found."""
+    found = hazards(tokens, hidden, itemsize, trunc_possible, cores)
+    if not found:
+        return found
+    if emulator is None:
+        from . import _ffi
+
+        emulator = bool(_ffi.api().libraries.is_emulator)
+    if emulator:
+        return found
+    for hazard, text in found:
+        with _warn_lock:
+            if hazard in _hazards_warned:
+                continue
+            _hazards_warned.add(hazard)
+        warnings.warn(f"acl_swiglu: {text}", AclSwigluWarning, stacklevel=3)
+    return found
+

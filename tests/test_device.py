@@ -31,7 +31,9 @@ When a test fails, please send back:
 4. the CANN version: ``cat <root>/version.cfg`` with the root printed by 3. (older installs:
    the ascend-toolkit version file, ``cat /usr/local/Ascend/ascend-toolkit/latest/*/ascend_toolkit_install.info``),
    and if you can, ``npu-smi info`` (chip and driver);
-5. the full pytest output of the run (``-rs -v``, not truncated).
+5. the full pytest output of the run (``-rs -v``, not truncated);
+6. if you can, the fidelity probe's record: ``ACL_SWIGLU_BACKEND=cann acl-swiglu-probe --out probe.json``
+   (docs/fidelity.md), which measures what these tests only judge with a tolerance.
 
 Self-check without a device: the bundled emulator is laid out like a CANN root, so
 ``ACL_SWIGLU_BACKEND=cann ACL_SWIGLU_LIB_DIR=<site-packages>/acl_swiglu/_emulator pytest -m device
@@ -59,7 +61,10 @@ pytestmark = pytest.mark.device
 DTYPES = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16), "bf16": np.dtype(ml_dtypes.bfloat16)}
 CLAMPS = {"noclamp": None, "clamp": 2.5}
 WEIGHTS = {"noweight": False, "weight": True}
-RANKS = {"2d": ((37,), 48), "3d": ((3, 11), 70)}     # T = 37 / 33; H = 70 is not a multiple of 64
+# T = 37 / 33; H = 80 is not a multiple of 64 but is of 16: shapes whose H is not a multiple of 8
+# (fp32) or 16 (fp16/bf16) with more rows than cores meet a suspected device hazard
+# (docs/cann_releases.md), which the fidelity probe measures (its misaligned_h family), not these tests.
+RANKS = {"2d": ((37,), 48), "3d": ((3, 11), 80)}
 LAYOUTS = ("contiguous", "noncontig")
 APIS = ("one_shot", "device_stream", "plan")
 # group_index values for T rows, and the trunc = min(sum, T) worked out by hand

@@ -99,6 +99,9 @@ CODES: Dict[str, Tuple[int, ...]] = {
     "aclSetInputTensorAddr": (161002,),
     "aclSetOutputTensorAddr": (161002,),
     "aclSetRawTensorAddr": (161002,),
+    "aclsysGetCANNVersion": (100003,),       # ACL_ERROR_INVALID_FILE (the package is not installed)
+    "aclGetDeviceCapability": (107001,),     # ACL_ERROR_RT_INVALID_DEVICEID
+    "aclrtGetDeviceInfo": (107001,),
     PHASE1: (561002, 161002),                # ACLNN_ERR_INNER_TILING_ERROR / PARAM_INVALID
     PHASE2: (161002, 561002),
 }
@@ -111,7 +114,8 @@ CODES: Dict[str, Tuple[int, ...]] = {
 # aclrtGetDevice is among them: its failure is the answer "this thread has no current device", after
 # which the binding binds one (DEVICE_QUERY below).
 SWALLOWED = {"aclDestroyTensor", "aclDestroyIntArray", "aclDestroyAclOpExecutor", "aclrtDestroyStream",
-             "aclrtFree", "aclrtSynchronizeStream", "aclrtResetDevice", "aclFinalize", "aclrtGetDevice"}
+             "aclrtFree", "aclrtSynchronizeStream", "aclrtResetDevice", "aclFinalize", "aclrtGetDevice",
+             "aclsysGetCANNVersion", "aclGetDeviceCapability", "aclrtGetDeviceInfo"}
 DESTROYERS = ("aclDestroyTensor", "aclDestroyIntArray", "aclDestroyAclOpExecutor", "aclrtDestroyStream", "aclrtFree")
 KIND_OF_DESTROYER = {"aclDestroyTensor": "tensor", "aclDestroyIntArray": "int_array",
                      "aclDestroyAclOpExecutor": "executor", "aclrtDestroyStream": "stream",
@@ -126,7 +130,10 @@ NOT_INJECTABLE = {"aclGetRecentErrMsg"}
 PROCESS_LEVEL = {"aclInit", "aclFinalize", "aclrtResetDevice"}
 # Asked once per thread, before its first aclrtSetDevice; a failure means "no current device"
 # (the binding then sets one), and a runtime without it is asked nothing.
-DEVICE_QUERY = {"aclrtGetDevice"}
+# The install's version and the device's core count are asked too (at load, and by the release
+# guard on releases that need it): a failure means "the runtime cannot say", and the answer falls
+# back (to the version files, to the largest core count of the family).
+DEVICE_QUERY = {"aclrtGetDevice", "aclsysGetCANNVersion", "aclGetDeviceCapability", "aclrtGetDeviceInfo"}
 
 MAX_N = 200   # a call made more often than this in one operation is itself a finding
 

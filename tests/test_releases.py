@@ -4,6 +4,7 @@ newer cann-<v> installs) and what is known about the releases of docs/cann_relea
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -13,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from acl_swiglu import _releases
-from acl_swiglu._releases import (AIV_CORES_950, ReleaseLimitationError, check_call, check_group_index, host_trunc,
-                                  is_affected, read_install_version)
-from acl_swiglu.errors import ArgumentError
-from test_loader import STANDARD, child_env, discover, expect_info, fake_libs, make_root, runtime_warnings  # noqa: F401
+from acl_swiglu import _device_info, _releases
+from acl_swiglu._releases import (ReleaseLimitationError, check_call, check_group_counts, check_group_index,
+                                  check_trunc, host_trunc, is_affected, read_install_version)
+from acl_swiglu.errors import AclSwigluWarning, ArgumentError
+from test_loader import STANDARD, child_env, discover, expect_info, fake_libs, make_root  # noqa: F401
 
 ARCH = platform.machine() or "x86_64"
 
@@ -62,30 +63,98 @@ def test_no_version_file_and_unreadable_values(tmp_path):
     assert read_install_version(str(root)) == ("9.2.0-beta.1", str(root / TOOLKIT[0]))
 
 
+# ---- the release table ----
+
+
+def test_the_releases_that_ship_the_operator():
+    assert list(_releases.RELEASES) == ["9.1.0", "9.1.1", "9.2.0-beta.1", "9.2.0-beta.2", "9.2.0"]
+    assert _releases.AFFECTED_RELEASES == ("9.1.0", "9.1.1", "9.2.0-beta.1")
+    # 9.1.1 has no known fix: it is 9.1.0 again, with its driver
+    assert _releases.RELEASES["9.1.1"]._replace(name="9.1.0", driver=None) == _releases.RELEASES["9.1.0"]
+    assert _releases.RELEASES["9.1.1"].driver == "26.1.1"
+    # 9.2.0 is 9.2.0-beta.2 and the clamp band
+    final, beta2 = _releases.RELEASES["9.2.0"], _releases.RELEASES["9.2.0-beta.2"]
+    assert final.clamp_off_band and not beta2.clamp_off_band and final.driver == "26.2.RC1"
+    assert final._replace(name=beta2.name, clamp_off_band=False, driver=None) == beta2
+    assert [r.kernel for r in _releases.RELEASES.values()] == ["9.1.0", "9.1.0", "9.1.0", "current", "current"]
+    assert [r.weight_needs_rank for r in _releases.RELEASES.values()] == [True, True, False, False, False]
+    assert _releases.release_info(" V9.2.0-BETA.2 ") is beta2
+    assert _releases.release_info("9.3.0") is None and _releases.release_info(None) is None
+
+
 @pytest.mark.parametrize("version,affected", [
-    ("9.1.0", True), ("9.2.0-beta.1", True), ("9.2.0-BETA.1", True), (" v9.1.0 ", True),
-    ("9.2.0-beta.2", False), ("9.2.0", False), ("9.1.1", False), ("8.0.RC2", False), (None, False)])
+    ("9.1.0", True), ("9.1.1", True), ("9.2.0-beta.1", True), ("9.2.0-BETA.1", True), (" v9.1.0 ", True),
+    ("9.2.0-beta.2", False), ("9.2.0", False), ("9.3.0", False), ("8.0.RC2", False), (None, False)])
 def test_affected_releases(version, affected):
     assert is_affected(version) is affected
+    assert bool(_releases.known_issues(version or "")) is affected
 
 
-@pytest.mark.parametrize("version", ["9.1.0", "9.2.0-beta.1"])
-def test_the_hang_is_refused_naming_the_release_and_the_fix(version):
-    for trunc, tokens in ((1, 100), (AIV_CORES_950 - 1, 100), (3, 4)):
-        with pytest.raises(ReleaseLimitationError) as info:
-            check_call(trunc, tokens, version)
-        text = str(info.value)
-        assert isinstance(info.value, ArgumentError)
-        assert f"CANN {version}" in text and "hangs the device" in text and "9.2.0-beta.2" in text
-        assert f"trunc = {trunc} of T = {tokens}" in text
-    # Safe on these releases: no truncation at all, trunc = 0, or trunc at least min(T, cores).
-    for trunc, tokens in ((0, 100), (AIV_CORES_950, 100), (100, 100), (4, 4), (0, 0)):
-        check_call(trunc, tokens, version)
+# ---- the hang guard ----
+
+FAMILY = (8, 16, 56, 64, 72)
 
 
-@pytest.mark.parametrize("version", ["9.2.0-beta.2", "9.2.0", None])
-def test_other_releases_and_the_emulator_are_not_limited(version):
-    check_call(1, 100, version)
+@pytest.mark.parametrize("version", ["9.1.0", "9.1.1", "9.2.0-beta.1"])
+@pytest.mark.parametrize("cores", FAMILY)
+def test_the_hang_is_refused_exactly_below_min_t_and_the_core_count(version, cores):
+    for tokens in (4, cores, cores + 1, 200):
+        limit = min(tokens, cores)
+        for trunc in range(0, tokens + 1):
+            call = lambda: check_trunc(trunc, tokens, version=version, cores=(cores, "aclrtGetDeviceInfo(test)"))
+            if 0 < trunc < limit:
+                with pytest.raises(ReleaseLimitationError):
+                    call()
+            else:
+                call()
+
+
+def test_the_refusal_names_the_release_the_numbers_the_source_what_is_safe_and_the_fix():
+    with pytest.raises(ReleaseLimitationError) as info:
+        check_trunc(7, 100, version="9.1.1", cores=(16, "aclGetDeviceCapability(ACL_DEVICE_INFO_VECTOR_CORE_NUM)"))
+    text = str(info.value)
+    assert isinstance(info.value, ArgumentError)
+    for fragment in ("CANN 9.1.1", "trunc = 7 of T = 100", "hangs the device",
+                     "16 vector cores (from aclGetDeviceCapability(ACL_DEVICE_INFO_VECTOR_CORE_NUM))",
+                     "min(100, 16) = 16", "at least 16 rows", "no group_index", "upgrade CANN to 9.2.0-beta.2"):
+        assert fragment in text, (fragment, text)
+    with pytest.raises(ReleaseLimitationError, match=r"72 vector cores \(assumed: the largest"):
+        check_trunc(60, 100, version="9.1.0", cores=_device_info.CoreCount(72, "assumed: the largest Ascend 950 part"))
+    with pytest.raises(ReleaseLimitationError, match=r"8 vector cores \(from the caller\)"):
+        check_trunc(7, 100, version="9.1.0", cores=8)
+
+
+@pytest.mark.parametrize("version", ["9.2.0-beta.2", "9.2.0", "9.3.0", None])
+def test_other_releases_are_not_limited(version):
+    check_trunc(1, 100, version=version, cores=8)
+    check_group_counts([1], 100, version=version, cores=8)
+
+
+def test_the_device_is_asked_only_when_a_call_could_hang(monkeypatch):
+    asked = []
+
+    def ask():
+        asked.append(1)
+        return _device_info.CoreCount(8, "test")
+
+    monkeypatch.setattr(_device_info, "current_vector_cores", ask)
+    check_trunc(3, 100, version="9.2.0")       # not an affected release
+    check_trunc(0, 100, version="9.1.0")       # trunc = 0
+    check_trunc(100, 100, version="9.1.0")     # no truncation
+    check_group_counts(None, 100, version="9.1.0")
+    check_group_counts([3], 100, version="9.2.0")
+    assert asked == []
+    with pytest.raises(ReleaseLimitationError, match="8 vector cores"):
+        check_trunc(3, 100, version="9.1.0")
+    assert asked == [1]
+
+
+def test_without_a_core_count_the_calling_threads_device_answers():
+    # the emulator's device: 56 vector cores (ACL_EMU_VECTOR_CORES unset)
+    with pytest.raises(ReleaseLimitationError,
+                       match=r"56 vector cores \(from aclGetDeviceCapability\(ACL_DEVICE_INFO_VECTOR_CORE_NUM\)\)"):
+        check_trunc(55, 100, version="9.1.0")
+    check_trunc(56, 100, version="9.1.0")
 
 
 def test_trunc_from_host_counts_wraps_like_the_operator():
@@ -95,40 +164,121 @@ def test_trunc_from_host_counts_wraps_like_the_operator():
     assert host_trunc([], 100) == 0
     assert host_trunc([70, 70], 100) == 100
     with pytest.raises(ReleaseLimitationError):
-        check_group_index(np.array([2**32 + 1], np.int64), 100, "9.1.0")
-    check_group_index(np.array([2**32], np.int64), 100, "9.1.0")      # wraps to 0: no hang
-    check_group_index(None, 100, "9.1.0")
-    check_group_index(np.array([1], np.int64), 100, "9.2.0")
+        check_group_counts(np.array([2**32 + 1], np.int64), 100, version="9.1.0", cores=56)
+    check_group_counts(np.array([2**32], np.int64), 100, version="9.1.0", cores=56)      # wraps to 0: no hang
+    check_group_counts(None, 100, version="9.1.0", cores=56)
+    check_group_counts(np.array([1], np.int64), 100, version="9.2.0", cores=56)
+
+
+def test_the_earlier_forms_still_work():
+    with pytest.raises(ReleaseLimitationError, match="trunc = 3 of T = 8"):
+        check_call(3, 8, "9.1.0")
+    check_call(8, 8, "9.1.0")
+    with pytest.raises(ReleaseLimitationError, match="CANN 9.2.0-beta.1"):
+        check_group_index([3], 8, "9.2.0-beta.1")
+    check_group_index([3], 8, "9.2.0-beta.2")
+    check_group_index(None, 8, "9.1.0")
 
 
 def test_the_loaded_release_is_the_default(monkeypatch):
-    # Without a version argument the loaded backend's is used: the emulator has none.
-    import acl_swiglu
-
-    assert acl_swiglu.backend_info().cann_version is None
+    monkeypatch.setattr(_releases, "_installed_release", None)
     check_call(1, 100)
+    check_group_counts([1], 100)
     monkeypatch.setattr(_releases, "_installed_release", "9.1.0")
     with pytest.raises(ReleaseLimitationError):
         check_call(1, 100)
+    with pytest.raises(ReleaseLimitationError):
+        check_group_counts([1], 100, cores=8)
+    check_group_counts([1], 100, version="9.2.0", cores=8)   # an explicit version wins
 
 
 def test_warning_once_per_release(monkeypatch):
     monkeypatch.setattr(_releases, "_warned", set())
     monkeypatch.setattr(_releases, "_installed_release", None)
-    with pytest.warns(RuntimeWarning) as caught:
+    with pytest.warns(AclSwigluWarning) as caught:
         _releases.record_install("9.1.0")
         _releases.record_install("9.1.0")
+        _releases.record_install("9.1.1")
         _releases.record_install("9.2.0-beta.1")
     texts = [str(w.message) for w in caught]
-    assert len(texts) == 2
+    assert len(texts) == 3
     assert "CANN 9.1.0" in texts[0] and "weight must also have grad_y's rank" in texts[0]
-    assert "CANN 9.2.0-beta.1" in texts[1] and "weight must" not in texts[1]
+    assert "CANN 9.1.1" in texts[1] and "weight must also have grad_y's rank" in texts[1]
+    assert "CANN 9.2.0-beta.1" in texts[2] and "weight must" not in texts[2]
     for text in texts:
         assert "hangs the device" in text and "Upgrade to CANN 9.2.0-beta.2 or later" in text
+        assert "min(T, the device's vector cores)" in text
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _releases.record_install("9.2.0")
         _releases.record_install(None)
+    assert _releases._installed_release is None
+
+
+# ---- the hazard warnings ----
+
+
+def _classes(found):
+    return [hazard for hazard, _ in found]
+
+
+@pytest.mark.parametrize("tokens,hidden,itemsize,cores,expected", [
+    (57, 70, 4, 56, True),     # H % 8 != 0 and more rows than cores
+    (56, 70, 4, 56, False),    # one row per core
+    (57, 72, 4, 56, False),    # aligned for fp32
+    (57, 72, 2, 56, True),     # not for fp16/bf16 (16)
+    (57, 80, 2, 56, False),
+    (9, 70, 4, None, True),    # unknown core count: the smallest part (8) is assumed
+    (8, 70, 4, None, False),
+    (9, 70, 4, (72, "assumed: the largest Ascend 950 part"), True),   # an assumed count is no count
+    (73, 70, 4, (72, "aclrtGetDeviceInfo(ACL_DEV_ATTR_VECTOR_CORE_NUM)"), True),
+    (72, 70, 4, (72, "aclrtGetDeviceInfo(ACL_DEV_ATTR_VECTOR_CORE_NUM)"), False),
+])
+def test_misaligned_h_with_several_rows_per_core(tokens, hidden, itemsize, cores, expected):
+    found = _releases.hazards(tokens, hidden, itemsize, False, cores)
+    assert _classes(found) == ([_releases.MISALIGNED_H] if expected else [])
+    if expected:
+        text = found[0][1]
+        assert f"H = {hidden} is not a multiple of {8 if itemsize == 4 else 16}" in text
+        assert f"T = {tokens} rows" in text
+        assert "acl-swiglu-probe --families misaligned_h --out probe.json" in text and "docs/fidelity.md" in text
+
+
+@pytest.mark.parametrize("hidden,itemsize,trunc_possible,expected", [
+    (8192, 4, True, True), (8191, 4, True, False), (8192, 4, False, False),
+    (16384, 2, True, True), (16383, 2, True, False)])
+def test_zero_fill_with_a_wrapping_copy_length(hidden, itemsize, trunc_possible, expected):
+    found = _releases.hazards(4, hidden, itemsize, trunc_possible, 56)
+    assert _classes(found) == ([_releases.ZERO_FILL_WRAP] if expected else [])
+    if expected:
+        assert f"{2 * hidden * itemsize} bytes >= 65536" in found[0][1]
+        assert "--families zero_fill_large_h" in found[0][1]
+
+
+def test_offsets_past_32_bits():
+    assert _classes(_releases.hazards(2**16, 2**15, 2, False, 56)) == [_releases.OFFSET_WRAP]     # exactly 2^32
+    assert _releases.hazards(2**16 - 1, 2**15, 2, False, 56) == []
+    text = _releases.hazards(2**16, 2**15, 2, False, 56)[0][1]
+    assert "65536 x 65536 = 4294967296 elements >= 2^32" in text and "--families large_offsets --unsafe" in text
+    assert _releases.hazards(0, 70, 4, True, 8) == [] and _releases.hazards(100, 0, 4, True, 8) == []
+    # all three at once
+    assert _classes(_releases.hazards(2**16 + 1, 2**15 + 1, 4, True, 8)) == list(_releases.HAZARD_CLASSES)
+
+
+def test_hazard_warnings_once_per_class_and_never_on_the_emulator(monkeypatch):
+    monkeypatch.setattr(_releases, "_hazards_warned", set())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _classes(_releases.warn_hazards(57, 70, 4, True, 56, emulator=True)) == [_releases.MISALIGNED_H]
+        assert _classes(_releases.warn_hazards(57, 70, 4, True, 56)) == [_releases.MISALIGNED_H]   # asks: emulator
+        assert _releases.warn_hazards(4, 64, 4, True, 56, emulator=False) == []
+    with pytest.warns(AclSwigluWarning) as caught:
+        _releases.warn_hazards(57, 70, 4, True, 56, emulator=False)
+        _releases.warn_hazards(100, 70, 4, True, 56, emulator=False)            # the same class again
+        _releases.warn_hazards(4, 8192, 4, True, 56, emulator=False)
+    texts = [str(w.message) for w in caught]
+    assert len(texts) == 2
+    assert "H = 70 is not a multiple of 8" in texts[0] and "rows past trunc are zero-filled" in texts[1]
 
 
 # ---- through the loader and the CLI, on fake roots ----
@@ -142,7 +292,8 @@ def test_backend_info_reports_the_version_and_warns_once_on_known_releases(tmp_p
     info = expect_info(result)
     assert info["cann_version"] == version
     assert info["cann_version_file"] == str(root / "share/info/ops_nn/version.info")
-    messages = [w["message"] for w in runtime_warnings(result) if "hangs the device" in w["message"]]
+    messages = [w["message"] for w in result["warnings"]
+                if w["category"] == "AclSwigluWarning" and "hangs the device" in w["message"]]
     assert len(messages) == (1 if warned else 0)
     if warned:
         assert f"CANN {version}" in messages[0]
@@ -172,17 +323,31 @@ def test_the_cli_prints_the_release(tmp_path, fake_libs):
     assert proc.returncode == 3      # the fake runtime cannot allocate: an ACL error, as a real one would be
 
 
+def _emulated_release() -> str:
+    """What the emulator's aclsysGetCANNVersion reports (the release it stands in for)."""
+    import ctypes
+
+    from acl_swiglu import _ffi
+
+    version = _ffi.aclCANNPackageVersion()
+    assert _ffi.api().raw.aclsysGetCANNVersion(0, ctypes.byref(version)) == 0
+    return version.version.decode()
+
+
 def test_the_emulator_reports_its_own_version():
     import acl_swiglu
 
     info = acl_swiglu.backend_info()
-    assert info.backend == "emulator" and info.cann_version is None
+    assert info.backend == "emulator" and info.cann_version_file is None
+    # Not read from files; the release the emulator stands in for once the loader asks it
+    assert info.cann_version in (None, _emulated_release())
+    assert _emulated_release() == os.environ.get("ACL_EMU_CANN_VERSION") or _emulated_release() == "9.2.0"
     assert info.version == info.emulator_version and info.emulator_version.startswith("acl-swiglu-emulator")
 
 
 # ---- the check in the call path: host counts are checked right after validation ----
 
-TOKENS, HIDDEN = 8, 4   # T = 8 < 56 AI cores: the hang needs 0 < trunc < 8
+TOKENS, HIDDEN = 8, 4   # T = 8 < 56 vector cores: the hang needs 0 < trunc < 8
 
 
 def _problem(rows: int = TOKENS):
@@ -234,10 +399,12 @@ def test_min_t_cores_is_the_limit_for_large_t(cann_9_1, monkeypatch):
 
     monkeypatch.setenv("ACL_SWIGLU_ABI", "2")
     gy, x = _problem(rows=64)
-    with pytest.raises(ReleaseLimitationError, match=f"= {AIV_CORES_950} hangs the device"):
-        acl_swiglu.swiglu_group_quant_grad(gy, x, group_index=np.array([AIV_CORES_950 - 1], np.int64))
-    grad_x, _ = acl_swiglu.swiglu_group_quant_grad(gy, x, group_index=np.array([AIV_CORES_950], np.int64))
-    assert not grad_x[AIV_CORES_950:].any() and grad_x[:AIV_CORES_950].any()
+    # the emulated device has 56 vector cores (ACL_EMU_VECTOR_CORES unset), and the guard asks it
+    with pytest.raises(ReleaseLimitationError, match=r"56 vector cores \(from aclGetDeviceCapability.*"
+                                                     r"min\(64, 56\) = 56"):
+        acl_swiglu.swiglu_group_quant_grad(gy, x, group_index=np.array([55], np.int64))
+    grad_x, _ = acl_swiglu.swiglu_group_quant_grad(gy, x, group_index=np.array([56], np.int64))
+    assert not grad_x[56:].any() and grad_x[:56].any()
 
 
 @pytest.mark.parametrize("abi", [1], indirect=True)
@@ -312,3 +479,63 @@ def test_a_fake_install_of_an_affected_release_refuses_the_hang(tmp_path, fake_l
     else:
         assert out["[3]"] == "AclError 207001"
     assert out["[0]"] == "AclError 207001"   # trunc = 0 is safe: the call goes on (to the fake runtime's refusal)
+
+
+# ---- an emulated 9.1.0 device with 8 vector cores: the emulated hang, and the guard keeping calls from it ----
+
+EMULATED_9_1 = """
+import json
+import numpy as np
+import acl_swiglu
+from acl_swiglu import _device_info, _releases
+from acl_swiglu._releases import ReleaseLimitationError
+
+out = {"cores": list(_device_info.vector_cores(0))}
+rng = np.random.default_rng(3)
+gy = rng.uniform(-1, 1, (16, 4)).astype(np.float32)
+x = rng.uniform(-2, 2, (16, 8)).astype(np.float32)
+
+def device_call(counts):
+    # revision 2: the counts live in device memory, which the binding cannot see
+    with acl_swiglu.to_device(gy) as d_gy, acl_swiglu.to_device(x) as d_x, \\
+            acl_swiglu.to_device(np.array(counts, np.int64)) as d_gi, acl_swiglu.Stream() as stream:
+        grad_x, _ = acl_swiglu.swiglu_group_quant_grad_device(d_gy, d_x, group_index=d_gi, stream=stream)
+        with grad_x:
+            try:
+                stream.synchronize()
+            except acl_swiglu.AclError as exc:
+                return {"code": exc.code, "name": exc.name, "message": exc.message}
+            return {"rows_written": int(np.count_nonzero(np.any(grad_x.to_numpy() != 0, axis=1)))}
+
+out["device [3]"] = device_call([3])
+out["device [8]"] = device_call([8])
+# the loader's record of the release (what it reads from the install), standing for the query
+_releases.record_install("9.1.0")
+for counts in ([7], [8], [0]):
+    try:
+        gx, _ = acl_swiglu.swiglu_group_quant_grad(gy, x, group_index=np.array(counts, np.int64))
+        out[f"one-shot {counts}"] = {"rows_written": int(np.count_nonzero(np.any(gx != 0, axis=1)))}
+    except ReleaseLimitationError as exc:
+        out[f"one-shot {counts}"] = {"refused": str(exc)}
+print("EMULATED:" + json.dumps(out))
+"""
+
+
+def test_an_emulated_9_1_0_device_with_8_cores_hangs_and_the_guard_keeps_calls_away(tmp_path):
+    env = dict(os.environ, ACL_EMU_CANN_VERSION="9.1.0", ACL_EMU_VECTOR_CORES="8", ACL_SWIGLU_ABI="2")
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", EMULATED_9_1], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("EMULATED:"))[9:])
+    assert out["cores"] == [8, "aclGetDeviceCapability(ACL_DEVICE_INFO_VECTOR_CORE_NUM)"]
+    # The emulator does what the device would not survive: the synchronisation fails, nothing is written
+    hang = out["device [3]"]
+    assert hang["code"] == 507034 and hang["name"] == "ACL_ERROR_RT_VECTOR_CORE_TIMEOUT", hang
+    for fragment in ("CANN 9.1.0", "would hang", "trunc = 3 of T = 16", "min(T, 8 vector cores) = 8"):
+        assert fragment in hang["message"], (fragment, hang["message"])
+    assert out["device [8]"] == {"rows_written": 8}
+    # With the release known, the guard refuses the hang with the device's own core count
+    refused = out["one-shot [7]"]["refused"]
+    assert "8 vector cores (from aclGetDeviceCapability(ACL_DEVICE_INFO_VECTOR_CORE_NUM))" in refused
+    assert "min(16, 8) = 8" in refused and "CANN 9.1.0" in refused
+    assert out["one-shot [8]"] == {"rows_written": 8} and out["one-shot [0]"] == {"rows_written": 0}

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "aclnnop/aclnn_swiglu_group_quant.h"
+#include "common/emu_release.h"
 #include "nnopbase/launch.h"
 #include "swiglu_kernel.h"
 #include "swiglu_quant_kernel.h"
@@ -72,22 +73,13 @@ static forward_release release;   /* written once, under release_once */
 
 static void read_release(void)
 {
-    static const int64_t first_release[5] = {9, 1, 0, 3, 0};     /* 9.1.0 */
-    static const int64_t sum_fixed_from[5] = {9, 2, 0, 1, 1};    /* 9.2.0-beta.1 */
-    static const int64_t full_checks_from[5] = {9, 2, 0, 3, 0};  /* 9.2.0 */
-    const char *text = getenv("ACL_EMU_CANN_VERSION");
-    int64_t key[5];
-    snprintf(release.name, sizeof release.name, "9.2.0 and later");
-    if (text == NULL || *text == '\0') return;
-    if (tiling_release_key(text, key) != 0 || tiling_key_before(key, first_release)) {
-        fprintf(stderr, "acl-swiglu emulator: aclnnSwigluGroupQuant ignores ACL_EMU_CANN_VERSION=%s (expected a "
-                "release of the operator such as 9.1.0, 9.2.0-beta.2 or 9.2.0; it ships from 9.1.0) and checks "
-                "as 9.2.0 does\n", text);
-        return;
-    }
-    release.lighter_checks = tiling_key_before(key, full_checks_from);
-    release.sum_overreads = tiling_key_before(key, sum_fixed_from);
-    snprintf(release.name, sizeof release.name, "%s", text);
+    static const int64_t sum_fixed_from[EMU_RELEASE_KEY_PARTS] = {9, 2, 0, 1, 1};   /* 9.2.0-beta.1 */
+    static const int64_t full_checks_from[EMU_RELEASE_KEY_PARTS] = {9, 2, 0, EMU_RELEASE_STAGE_FINAL, 0};  /* 9.2.0 */
+    int64_t key[EMU_RELEASE_KEY_PARTS];
+    const char *name = aclEmu_release(key);   /* (ACL_EMU_CANN_VERSION, as the whole emulator reads it) */
+    release.lighter_checks = emu_release_before(key, full_checks_from);
+    release.sum_overreads = emu_release_before(key, sum_fixed_from);
+    snprintf(release.name, sizeof release.name, "%s", name);
 }
 
 static const forward_release *emulated_release(void)

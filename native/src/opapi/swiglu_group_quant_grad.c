@@ -3,6 +3,7 @@
  * checks every operator shares (handles, device memory, aliasing, workspace, stream) and phase 2
  * itself are in libnnopbase.so (nnopbase/launch.h).
  */
+#include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -10,8 +11,10 @@
 #include <string.h>
 
 #include "aclnnop/aclnn_swiglu_group_quant_grad.h"
+#include "common/emu_release.h"
 #include "nnopbase/launch.h"
 #include "swiglu_kernel.h"
+#include "swiglu_tiling.h"
 
 /* Scratch the operator asks for whenever it has rows to process. */
 #define WORKSPACE_BYTES ((uint64_t)16 << 10)
@@ -42,6 +45,8 @@ typedef struct {
     float clamp;
     int64_t rows;
     int64_t hidden;
+    swiglu_tiling tiling;     /* of the release the emulator stands in for (aclEmu_release) */
+    int hangs_on_partial_trunc;
     swiglu_group_mode group_mode;
     uint64_t group_count;
     int64_t group_values[];   /* revision 1 only */
@@ -178,8 +183,10 @@ static int check_weight(const aclTensor *grad_y, const aclTensor *weight,
 
 /* The one clamp rule: the kernel works with c = (float)clampLimit, so "on" means c > 0 in fp32
  * (a positive double that rounds to 0 in fp32 is refused, not taken as "off"). Revision 2 is off
- * when c == -1.0f, revision 1 when clampLimit == 0. */
-static int check_clamp(double clamp_limit, int abi, int *clamp_on)
+ * when c == -1.0f, revision 1 when clampLimit == 0. From 9.2.0 (`band`) revision 2 is off when
+ * |c + 1| <= 1e-6 in fp32, as that release's tiling tests it: a NaN limit fails the test too, so
+ * it is off there as well. */
+static int check_clamp(double clamp_limit, int abi, int band, int *clamp_on)
 {
     float c = swiglu_float_nearest(clamp_limit);   /* as the kernel converts it, whatever the caller's mode */
     /* Decided on the bits: a comparison here runs in the caller's environment, where DAZ would
@@ -188,7 +195,17 @@ static int check_clamp(double clamp_limit, int abi, int *clamp_on)
     uint64_t limit_bits;
     memcpy(&c_bits, &c, sizeof c_bits);
     memcpy(&limit_bits, &clamp_limit, sizeof limit_bits);
-    int off = abi == 1 ? (limit_bits << 1) == 0 : c_bits == 0xBF800000u;   /* +-0.0 / -1.0f */
+    int off;
+    if (abi == 1) {
+        off = (limit_bits << 1) == 0;   /* +-0.0 */
+    } else if (band) {
+        /* c + 1 is exact in double (and in fp32 wherever it could come near 1e-6: c in [-2, -0.5]),
+         * so neither the caller's rounding mode nor DAZ can move the answer. */
+        double distance = (double)c + 1.0;
+        off = !(fabs(distance) > (double)1e-6f);
+    } else {
+        off = c_bits == 0xBF800000u;    /* -1.0f */
+    }
     if (off) {
         *clamp_on = 0;
         return 0;
@@ -196,6 +213,8 @@ static int check_clamp(double clamp_limit, int abi, int *clamp_on)
     if (c_bits == 0 || c_bits > 0x7F800000u) {   /* not in (0, +inf]: zero, negative or NaN */
         const char *rule = abi == 1 ? "ABI revision 1 needs clampLimit >= 0 (0 for off; a limit "
                                       "that is on must be > 0 in fp32)"
+                           : band   ? "it must be > 0 in fp32, or -1.0 for off (this release also "
+                                      "takes |c + 1| <= 1e-6 for off)"
                                     : "it must be > 0 in fp32, or -1.0 for off";
         return shape_error("clampLimit is %.17g (%.9g in fp32); %s", clamp_limit, (double)c, rule);
     }
@@ -269,6 +288,10 @@ EMU_EXPORT aclnnStatus aclnnSwigluGroupQuantGradGetWorkspaceSize(
     aclOpExecutor **executor)
 {
     int abi = 2;
+    swiglu_release_traits release = {SWIGLU_TILING_CURRENT, 0, 0};
+    int64_t release_key[EMU_RELEASE_KEY_PARTS];
+    aclEmu_release(release_key);
+    (void)tiling_traits_of_key(release_key, &release);   /* every release the runtime names has traits */
     int rc = aclEmu_fault(PHASE1);
     if (rc == 0) rc = aclEmu_require_device(PHASE1);
     if (rc == 0) rc = aclEmu_abi_revision(PHASE1, ACLNN_ERR_PARAM_INVALID, &abi);
@@ -298,7 +321,7 @@ EMU_EXPORT aclnnStatus aclnnSwigluGroupQuantGradGetWorkspaceSize(
     int64_t rows = 0, hidden = 0;
     int clamp_on = 0;
     if (rc == 0) rc = check_shapes(in, out, abi, &rows, &hidden);
-    if (rc == 0) rc = check_clamp(clampLimit, abi, &clamp_on);
+    if (rc == 0) rc = check_clamp(clampLimit, abi, release.clamp_off_band, &clamp_on);
     if (rc == 0) rc = aclEmu_check_launch_memory(&OP, PHASE1, in, input_count, out, OUTPUTS, 1);
     if (rc != 0) return rc;
 
@@ -316,6 +339,8 @@ EMU_EXPORT aclnnStatus aclnnSwigluGroupQuantGradGetWorkspaceSize(
     data->clamp = swiglu_float_nearest(clampLimit);   /* the caller's rounding mode must not move the limit */
     data->rows = rows;
     data->hidden = hidden;
+    data->tiling = release.tiling;
+    data->hangs_on_partial_trunc = release.hangs_on_partial_trunc;
     data->group_count = group_count;
     data->group_mode = group_array != NULL   ? SWIGLU_GROUPS_HOST
                        : in[IN_GROUP_INDEX] ? SWIGLU_GROUPS_DEVICE
@@ -351,6 +376,27 @@ static void to_kernel_view(const aclTensor *t, swiglu_view *v)
     }
 }
 
+/* The releases before the group_index fix deadlock when the groups leave fewer rows than the
+ * kernel has blocks (0 < trunc < min(T, vector cores)). A hang is no use in an emulator: the
+ * launch fails as the device's timeout would end it, with the status a vector-core timeout
+ * reports, and writes nothing. */
+static int refuse_deadlock(const swiglu_kernel_args *a)
+{
+    int64_t trunc = swiglu_trunc(a);
+    int64_t cores = aclEmu_vector_cores();
+    int64_t blocks = a->rows < cores ? a->rows : cores;
+    if (trunc <= 0 || trunc >= blocks) {
+        return 0;
+    }
+    return aclEmu_fail(ACL_ERROR_RT_VECTOR_CORE_TIMEOUT, "aclrtSynchronizeStream",
+                       "the %s kernel of CANN %s deadlocks here and the device would hang: groupIndex sums to "
+                       "trunc = %lld of T = %lld rows, and 0 < trunc < min(T, %lld vector cores) = %lld; the "
+                       "emulator (ACL_EMU_CANN_VERSION, ACL_EMU_VECTOR_CORES) stops it as the device's timeout "
+                       "would, with nothing written (the fix is in CANN 9.2.0-beta.2)",
+                       OP.name, aclEmu_release(NULL), (long long)trunc, (long long)a->rows, (long long)cores,
+                       (long long)blocks);
+}
+
 static int run_kernel(const aclEmuLaunch *launch)
 {
     const op_data *data = launch->op_data;
@@ -360,6 +406,7 @@ static int run_kernel(const aclEmuLaunch *launch)
     a.dtype = in[IN_GRAD_Y]->dtype;
     a.rows = data->rows;
     a.hidden = data->hidden;
+    a.tiling = data->tiling;
     to_kernel_view(in[IN_GRAD_Y], &a.grad_y);
     to_kernel_view(in[IN_X], &a.x);
     to_kernel_view(out[OUT_GRAD_X], &a.grad_x);
@@ -376,6 +423,10 @@ static int run_kernel(const aclEmuLaunch *launch)
     a.group_count = data->group_count;
     if (launch->input_count > IN_GROUP_INDEX) {
         to_kernel_view(in[IN_GROUP_INDEX], &a.group_index);
+    }
+    if (data->hangs_on_partial_trunc) {
+        int rc = refuse_deadlock(&a);
+        if (rc != 0) return rc;
     }
     int rc = swiglu_kernel_run(&a, aclEmu_thread_count(),
                                (swiglu_kernel_variant)aclEmu_kernel_variant());

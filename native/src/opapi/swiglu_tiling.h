@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/emu_release.h"
 #include "swiglu_kernel.h"
 
 /* Unified buffer of the Ascend 950, less the 32 bytes and the 8 KiB the kernel keeps for itself. */
@@ -45,62 +46,39 @@ static inline int64_t tiling_first_tile(aclDataType dtype, int has_weight, int c
     return tile < TILING_ALIGN ? TILING_ALIGN : tile;
 }
 
-/* "M.m.p" with an optional leading 'v' and an optional "-alpha.N", "-beta.N" or "-rc.N" (which
- * come before M.m.p itself, in that order). Fills a key that sorts like the releases; 0 on
- * success, -1 for anything else. */
-static inline int tiling_release_key(const char *text, int64_t key[5])
-{
-    static const char *const stages[] = {"alpha", "beta", "rc"};
-    const char *p = text;
-    if (p == NULL) return -1;
-    if (*p == 'v') p++;
-    for (int part = 0; part < 3; part++) {
-        if (*p < '0' || *p > '9') return -1;
-        char *end = NULL;
-        unsigned long value = strtoul(p, &end, 10);
-        if (value > 100000) return -1;
-        key[part] = (int64_t)value;
-        p = end;
-        if (part < 2 && *p++ != '.') return -1;
-    }
-    key[3] = 3;   /* the release itself sorts after its pre-releases */
-    key[4] = 0;
-    if (*p == '\0') return 0;
-    if (*p++ != '-') return -1;
-    for (int s = 0; s < 3; s++) {
-        size_t length = 0;
-        while (stages[s][length] != '\0') length++;
-        if (strncmp(p, stages[s], length) == 0 && p[length] == '.') {
-            const char *digits = p + length + 1;
-            if (*digits < '0' || *digits > '9') return -1;
-            char *end = NULL;
-            unsigned long value = strtoul(digits, &end, 10);
-            if (*end != '\0' || value > 100000) return -1;
-            key[3] = s;
-            key[4] = (int64_t)value;
-            return 0;
-        }
-    }
-    return -1;
-}
+/* What a release does that matters to the emulator. */
+typedef struct {
+    swiglu_tiling tiling;       /* the UB factors that cut a row into tiles */
+    int clamp_off_band;         /* "off" is |c + 1| <= 1e-6 in fp32 (9.2.0 on), not only c == -1 */
+    int hangs_on_partial_trunc; /* 0 < trunc < min(T, vector cores) deadlocks the kernel */
+} swiglu_release_traits;
 
-static inline int tiling_key_before(const int64_t a[5], const int64_t b[5])
+/* The traits of a release from its key: 9.1.0 up to 9.2.0-beta.1 have the first kernel (factor
+ * 12, the group_index deadlock), 9.2.0-beta.2 on the current one, 9.2.0 on the clamp band too.
+ * -1 for a key before 9.1.0, which has no such operator. */
+static inline int tiling_traits_of_key(const int64_t key[EMU_RELEASE_KEY_PARTS], swiglu_release_traits *traits)
 {
-    for (int i = 0; i < 5; i++) {
-        if (a[i] != b[i]) return a[i] < b[i];
+    static const int64_t first_release[EMU_RELEASE_KEY_PARTS] = {9, 1, 0, EMU_RELEASE_STAGE_FINAL, 0};
+    static const int64_t current_from[EMU_RELEASE_KEY_PARTS] = {9, 2, 0, 1, 2};   /* 9.2.0-beta.2 */
+    static const int64_t clamp_band_from[EMU_RELEASE_KEY_PARTS] = {9, 2, 0, EMU_RELEASE_STAGE_FINAL, 0};
+    if (emu_release_before(key, first_release)) {
+        return -1;
     }
+    int first_kernel = emu_release_before(key, current_from);
+    traits->tiling = first_kernel ? SWIGLU_TILING_9_1 : SWIGLU_TILING_CURRENT;
+    traits->hangs_on_partial_trunc = first_kernel;
+    traits->clamp_off_band = !emu_release_before(key, clamp_band_from);
     return 0;
 }
 
 static inline int tiling_of_release(const char *text)
 {
-    static const int64_t first_release[5] = {9, 1, 0, 3, 0};    /* 9.1.0 */
-    static const int64_t current_from[5] = {9, 2, 0, 1, 2};     /* 9.2.0-beta.2 */
-    int64_t key[5];
-    if (tiling_release_key(text, key) != 0 || tiling_key_before(key, first_release)) {
+    int64_t key[EMU_RELEASE_KEY_PARTS];
+    swiglu_release_traits traits;
+    if (emu_release_key(text, key) != 0 || tiling_traits_of_key(key, &traits) != 0) {
         return -1;
     }
-    return tiling_key_before(key, current_from) ? SWIGLU_TILING_9_1 : SWIGLU_TILING_CURRENT;
+    return traits.tiling;
 }
 
 #endif /* ACL_SWIGLU_SWIGLU_TILING_H */

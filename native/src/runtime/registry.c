@@ -232,7 +232,7 @@ EMU_EXPORT int64_t aclEmuLiveHandles(aclEmuHandleKind kind, void **handles, int6
     int64_t found = 0;
     pthread_mutex_lock(&registry_lock);
     for (size_t i = 0; i < slot_capacity; i++) {
-        if (slots[i].key != EMPTY_SLOT && slots[i].key != TOMBSTONE && slots[i].kind == kind) {
+        if (slots[i].key != EMPTY_SLOT && slots[i].key != TOMBSTONE && slots[i].kind == (int)kind) {
             if (found < capacity) {
                 handles[found] = (void *)slots[i].key;
             }
