@@ -222,18 +222,26 @@ def _bind_one(namespace: SimpleNamespace, library: ctypes.CDLL, declaration: Dec
         setattr(namespace.hot, declaration.symbol, fast)
 
 
-HELPER_LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_native", "libaclswiglu_hotpath.so")
+HELPER_FILE = "_native/libaclswiglu_hotpath.so"
+
+
+def helper_path() -> str:
+    """Where the package's own helper is installed (beside the Python files, or where an
+    editable install put it)."""
+    return _loader.package_native_file(HELPER_FILE) or os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                                     *HELPER_FILE.split("/"))
 
 
 def _helper_library() -> ctypes.CDLL:
     """The package's own helper: built and installed with the package (never searched for)."""
     from .errors import LibraryNotFoundError
+    path = helper_path()
     try:
-        return ctypes.CDLL(HELPER_LIBRARY)
+        return ctypes.CDLL(path)
     except OSError as exc:
-        raise LibraryNotFoundError(f"the package's native helper {HELPER_LIBRARY} cannot be loaded ({exc}): the "
-                                   "package was not built with its native part (install it with `pip install .`, "
-                                   "which compiles it with CMake)") from None
+        raise LibraryNotFoundError(f"the package's native helper {path} cannot be loaded ({exc}): the package was "
+                                   "not built with its native part (install it with `pip install .`, which compiles "
+                                   "it with CMake)") from None
 
 
 def bind_all(libs: _loader.Libraries) -> SimpleNamespace:
@@ -258,21 +266,13 @@ def bind_operator(rows: Sequence[Declaration], symbol: str) -> SimpleNamespace:
     bound = api()
     if symbol in bound.operators:
         return bound
-    library = _operator_library(symbol)
+    library = _loader.operator_library(symbol).library
     with _lock:
         if symbol not in bound.operators:
             for declaration in rows:
                 _bind_one(bound, bound.helper if declaration.library == "helper" else library, declaration)
             bound.operators[symbol] = library
     return bound
-
-
-def _operator_library(symbol: str) -> ctypes.CDLL:
-    finder = getattr(_loader, "operator_library", None)
-    if finder is not None:
-        found: ctypes.CDLL = finder(symbol).library
-        return found
-    return _loader.libraries().operator
 
 
 def c_address(bound: SimpleNamespace, symbol: str, operator_symbol: Optional[str] = None) -> int:

@@ -24,14 +24,13 @@ import platform
 import stat
 import sys
 import threading
-import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple, Type, Union, cast
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple, Union, cast
 
 from . import _releases
 from ._elf import ElfError, SharedObject
 from ._trust import ENV_TRUST, Gate, TrustEntry, TrustReport, UntrustedLibraryError, link_problem, path_problem
-from .errors import AclSwigluWarning, ConfigurationError, LibraryNotFoundError
+from .errors import ConfigurationError, LibraryNotFoundError, warn_at_caller
 
 __all__ = [
     "BackendInfo", "Libraries", "OperatorLibrary", "OperatorNotFoundError", "TrustEntry", "TrustReport",
@@ -185,20 +184,6 @@ def _absolute(variable: str, value: str) -> str:
 # ---- warnings ----
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-
-
-def _in_package(filename: str) -> bool:
-    return os.path.abspath(filename).startswith(_PACKAGE_DIR + os.sep)
-
-
-def warn_at_caller(message: str, category: Type[Warning] = AclSwigluWarning) -> None:
-    """warnings.warn pointing at the first frame outside this package: the caller's own line."""
-    level = 1
-    frame = sys._getframe(0)
-    while frame is not None and _in_package(frame.f_code.co_filename):
-        frame = frame.f_back   # type: ignore[assignment]
-        level += 1
-    warnings.warn(message, category, stacklevel=level)
 
 
 _pending_warnings: List[str] = []

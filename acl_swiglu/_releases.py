@@ -29,12 +29,11 @@ import platform
 import re
 import stat
 import threading
-import warnings
 from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 
-from .errors import AclSwigluWarning, ArgumentError
+from .errors import ArgumentError, warn_at_caller
 
 if TYPE_CHECKING:   # imported where used: _device_info binds the C API, which imports this module
     from . import _device_info
@@ -200,7 +199,7 @@ def record_install(version: Optional[str]) -> None:
         if normalise(version) in _warned:
             return
         _warned.add(normalise(version))
-    warnings.warn(f"acl_swiglu: {known_issues(version)}", AclSwigluWarning, stacklevel=6)
+    warn_at_caller(f"acl_swiglu: {known_issues(version)}")
 
 
 class _Unset:
@@ -372,6 +371,6 @@ def warn_hazards(tokens: int, hidden: int, itemsize: int, trunc_possible: bool, 
             if hazard in _hazards_warned:
                 continue
             _hazards_warned.add(hazard)
-        warnings.warn(f"acl_swiglu: {text}", AclSwigluWarning, stacklevel=3)
+        warn_at_caller(f"acl_swiglu: {text}")
     return found
 

@@ -3,6 +3,9 @@ package's own argument, library and lifetime errors."""
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
 from typing import Dict, Tuple, Type
 
 __all__ = [
@@ -30,6 +33,19 @@ class AclSwigluError(Exception):
 
 class AclSwigluWarning(RuntimeWarning):
     """Base of every warning this package gives (filter it with ``-W ignore::acl_swiglu.AclSwigluWarning``)."""
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def warn_at_caller(message: str, category: Type[Warning] = AclSwigluWarning) -> None:
+    """warnings.warn pointing at the first frame outside this package: the caller's own line."""
+    level = 1
+    frame = sys._getframe(0)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR + os.sep):
+        frame = frame.f_back   # type: ignore[assignment]
+        level += 1
+    warnings.warn(message, category, stacklevel=level)
 
 
 class ArgumentError(AclSwigluError, ValueError):

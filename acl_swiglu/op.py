@@ -8,7 +8,7 @@ from typing import Any, Mapping, Optional, Sequence, Tuple, Union, cast
 
 import numpy as np
 
-from . import _aclnn, _loader, _plan, _releases
+from . import _aclnn, _device_info, _ffi, _loader, _plan, _releases
 from ._aclnn import release_cached
 from ._device import DeviceArray, Stream
 from ._operator import DOUBLE, HOST_INTS, INPUT, OUTPUT, Executor, OperatorDescription, Param, Revision
@@ -37,10 +37,15 @@ _CLAMP_OFF = {1: 0.0, 2: -1.0}
 
 def _validate(arguments: Mapping[str, Any], revision: Revision, device: bool) -> Problem:
     get = arguments.get
-    return validate(get("grad_y"), get("x"), get("weight"), get("y_origin"), get("group_index"), get("clamp_limit"),
-                    rules=cast(Rules, revision.rules), array_types=(DeviceArray,) if device else (np.ndarray,),
-                    array_text="a DeviceArray" if device else "a numpy.ndarray", group_host=revision.abi == 1,
-                    grad_x=get("grad_x"), grad_weight=get("grad_weight"), check_outputs=device)
+    problem = validate(get("grad_y"), get("x"), get("weight"), get("y_origin"), get("group_index"),
+                       get("clamp_limit"), rules=cast(Rules, revision.rules),
+                       array_types=(DeviceArray,) if device else (np.ndarray,),
+                       array_text="a DeviceArray" if device else "a numpy.ndarray", group_host=revision.abi == 1,
+                       grad_x=get("grad_x"), grad_weight=get("grad_weight"), check_outputs=device)
+    if not _ffi.api().libraries.is_emulator:   # (the emulator computes the clean result of these shapes)
+        _releases.warn_hazards(math.prod(problem.x_shape[:-1]), problem.x_shape[-1] // 2, problem.dtype.itemsize,
+                               get("group_index") is not None, _device_info.current_vector_cores(), emulator=False)
+    return problem
 
 
 def _scalars(problem: Problem, revision: Revision) -> Tuple[float]:

@@ -799,7 +799,6 @@ def _forward_y(f: _Forward, x2: np.ndarray, w1: Optional[np.ndarray], r0: int, r
 def _fp8_rows(f: _Forward, y64: np.ndarray, ulps: float) -> _Rows:
     name = f.dst.name
     r, h = y64.shape
-    n = f.per_scale
     with np.errstate(all="ignore"):
         y64 = y64 + 0.0                              # the +0 step: -0 becomes +0
         yf = y64.astype(np.float32)

@@ -113,7 +113,7 @@ def test_no_object_memory_is_read_by_address():
 
 
 def _helper_exports() -> Set[str]:
-    library = Path(_ffi.HELPER_LIBRARY)
+    library = Path(_ffi.helper_path())
     listed = subprocess.run(["nm", "-D", "--defined-only", str(library)], capture_output=True, text=True, check=True)
     return {line.split()[-1] for line in listed.stdout.splitlines() if " T " in line}
 
