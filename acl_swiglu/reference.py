@@ -799,6 +799,7 @@ def _forward_y(f: _Forward, x2: np.ndarray, w1: Optional[np.ndarray], r0: int, r
 def _fp8_rows(f: _Forward, y64: np.ndarray, ulps: float) -> _Rows:
     name = f.dst.name
     r, h = y64.shape
+    n = f.per_scale
     with np.errstate(all="ignore"):
         y64 = y64 + 0.0                              # the +0 step: -0 becomes +0
         yf = y64.astype(np.float32)
@@ -1125,7 +1126,6 @@ def compare_quantised(y: np.ndarray, y_scale: np.ndarray, x: np.ndarray, weight:
     x2 = x.reshape(f.rows, 2 * f.hidden)
     w1 = None if weight is None else weight.reshape(f.rows)
     step = max(1, _FWD_CHUNK_ELEMENTS // (2 * f.hidden))
-    n = f.per_scale
     count = exact = near = wrong = nan_mm = inf_mm = 0
     scale_count = scale_wrong = scale_boundary = max_ulps = 0
     first_wrong: Optional[int] = None
