@@ -10,6 +10,8 @@ set(EMU_OPT_FLAGS $<$<CONFIG:Release>:-O3>)
 if(ACL_SWIGLU_SANITIZE)
   set(EMU_SANITIZE_FLAGS -fsanitize=address,undefined -fno-sanitize-recover=undefined
                          -fno-omit-frame-pointer)
+elseif(ACL_SWIGLU_TSAN)
+  set(EMU_SANITIZE_FLAGS -fsanitize=thread -fno-omit-frame-pointer)
 endif()
 
 function(emu_target_setup target)
