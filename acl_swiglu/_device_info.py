@@ -12,36 +12,16 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from typing import Dict, NamedTuple, Optional
+from typing import Dict, Optional
 
 from . import _ffi
+from ._releases import ASSUMED, ASSUMED_VECTOR_CORES, FAMILY_VECTOR_CORES, CoreCount
 
-#: Vector-core counts of the Ascend 950 parts in the platform configurations.
-FAMILY_VECTOR_CORES = (8, 16, 56, 64, 72)
-#: The count assumed when the runtime cannot tell.
-ASSUMED_VECTOR_CORES = max(FAMILY_VECTOR_CORES)
+__all__ = ["ASSUMED", "ASSUMED_VECTOR_CORES", "FAMILY_VECTOR_CORES", "CoreCount", "current_vector_cores",
+           "vector_cores"]
 
 ACL_DEVICE_INFO_VECTOR_CORE_NUM = 1
 ACL_DEV_ATTR_VECTOR_CORE_NUM = 201
-
-ASSUMED = "assumed"
-
-
-class CoreCount(NamedTuple):
-    """A device's vector cores and where the figure came from."""
-
-    cores: int
-    source: str   # "aclGetDeviceCapability(ACL_DEVICE_INFO_VECTOR_CORE_NUM)", ... or "assumed: ..."
-
-    @property
-    def from_device(self) -> bool:
-        """False when the figure is the assumed largest of the family."""
-        return not self.source.startswith(ASSUMED)
-
-    def describe(self) -> str:
-        """'56 vector cores (from aclGetDeviceCapability(...))' for messages."""
-        return f"{self.cores} vector cores (from {self.source})" if self.from_device else \
-            f"{self.cores} vector cores ({self.source})"
 
 
 _lock = threading.Lock()

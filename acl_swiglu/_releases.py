@@ -29,14 +29,38 @@ import platform
 import re
 import stat
 import threading
-from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple, Union
+from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 
 from .errors import ArgumentError, warn_at_caller
 
-if TYPE_CHECKING:   # imported where used: _device_info binds the C API, which imports this module
-    from . import _device_info
+
+#: Vector-core counts of the Ascend 950 parts in the platform configurations.
+FAMILY_VECTOR_CORES = (8, 16, 56, 64, 72)
+#: The count assumed when the runtime cannot tell.
+ASSUMED_VECTOR_CORES = max(FAMILY_VECTOR_CORES)
+
+ASSUMED = "assumed"
+
+
+class CoreCount(NamedTuple):
+    """A device's vector cores and where the figure came from."""
+
+    cores: int
+    source: str   # "aclGetDeviceCapability(ACL_DEVICE_INFO_VECTOR_CORE_NUM)", ... or "assumed: ..."
+
+    @property
+    def from_device(self) -> bool:
+        """False when the figure is the assumed largest of the family."""
+        return not self.source.startswith(ASSUMED)
+
+    def describe(self) -> str:
+        """'56 vector cores (from aclGetDeviceCapability(...))' for messages."""
+        return f"{self.cores} vector cores (from {self.source})" if self.from_device else \
+            f"{self.cores} vector cores ({self.source})"
+
+
 
 class ReleaseLimitationError(ArgumentError):
     """A call the installed CANN release is known to mishandle (for example, to hang the device)."""
@@ -210,21 +234,25 @@ _UNSET = _Unset()
 GroupCounts = Union[np.ndarray, Sequence[int]]
 #: A core count as the checks take it: the device's (count, source), a bare count, or None to
 #: ask the calling thread's device.
-Cores = Union["_device_info.CoreCount", Tuple[int, str], int, None]
+#: A core count as the guard takes it: a CoreCount, (count, source), a count, a function that asks
+#: the device (called only when the answer matters), or None (the largest part's, assumed).
+Cores = Union[CoreCount, Tuple[int, str], int, Callable[[], CoreCount], None]
 
 
 def _version(version: Union[Optional[str], _Unset]) -> Optional[str]:
     return _installed_release if isinstance(version, _Unset) else version
 
 
-def _core_count(cores: Cores) -> "_device_info.CoreCount":
-    from . import _device_info
-
+def _core_count(cores: Cores) -> CoreCount:
+    if isinstance(cores, CoreCount):
+        return cores
     if cores is None:
-        return _device_info.current_vector_cores()
+        return CoreCount(ASSUMED_VECTOR_CORES, f"{ASSUMED}: the largest Ascend 950 part; the device was not asked")
     if isinstance(cores, tuple):
-        return _device_info.CoreCount(int(cores[0]), str(cores[1]))
-    return _device_info.CoreCount(int(cores), "the caller")
+        return CoreCount(int(cores[0]), str(cores[1]))
+    if callable(cores):
+        return cores()
+    return CoreCount(int(cores), "the caller")
 
 
 def host_trunc(group_index: GroupCounts, tokens: int) -> int:
@@ -311,20 +339,17 @@ def hazards(tokens: int, hidden: int, itemsize: int, trunc_possible: bool, cores
     when unknown: then the smallest part of the family, 8, is assumed, which packs the most rows
     on a core). Pure: it asks nothing.
     """
-    from . import _device_info
-
     tokens, hidden, itemsize = int(tokens), int(hidden), int(itemsize)
     found: List[Tuple[str, str]] = []
     if tokens <= 0 or hidden <= 0:
         return found
-    if isinstance(cores, tuple):
-        count, known = int(cores[0]), not str(cores[1]).startswith(_device_info.ASSUMED)
-    elif cores is None:
+    if cores is None:
         count, known = 0, False
     else:
-        count, known = int(cores), True
+        given = _core_count(cores)
+        count, known = given.cores, given.from_device
     if not known:
-        count = min(_device_info.FAMILY_VECTOR_CORES)
+        count = min(FAMILY_VECTOR_CORES)
     align, dtype = (8, "fp32") if itemsize == 4 else (16, "fp16/bf16")
     if hidden % align and tokens > count:
         where = f"this device's {count} vector cores" if known else             f"a part with {count} vector cores (this device's count is not known)"
@@ -353,18 +378,12 @@ _hazards_warned: Set[str] = set()
 
 
 def warn_hazards(tokens: int, hidden: int, itemsize: int, trunc_possible: bool, cores: Cores, *,
-                 emulator: Optional[bool] = None) -> List[Tuple[str, str]]:
+                 emulator: bool) -> List[Tuple[str, str]]:
     """hazards(), each class warned once per process with AclSwigluWarning, on a real install
-    only (``emulator`` None: ask the loaded backend). The emulator computes the clean result
-    for these shapes (docs/emulator.md). Returns the hazards found."""
+    only (``emulator``: whether the loaded backend is the emulator, which computes the clean
+    result for these shapes, docs/emulator.md). Returns the hazards found."""
     found = hazards(tokens, hidden, itemsize, trunc_possible, cores)
-    if not found:
-        return found
-    if emulator is None:
-        from . import _ffi
-
-        emulator = bool(_ffi.api().libraries.is_emulator)
-    if emulator:
+    if not found or emulator:
         return found
     for hazard, text in found:
         with _warn_lock:

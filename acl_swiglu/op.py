@@ -60,9 +60,10 @@ def _guard(problem: Problem, arguments: Mapping[str, Any], revision: Revision) -
         return False
     tokens = math.prod(problem.x_shape[:-1])
     if isinstance(group_index, DeviceArray):
-        _releases.check_group_index(group_index.to_numpy(), tokens)   # (waits for its writer)
+        counts = group_index.to_numpy()   # (waits for its writer)
+        _releases.check_group_counts(counts, tokens, cores=_device_info.current_vector_cores)
         return True
-    _releases.check_group_index(host_counts(group_index), tokens)
+    _releases.check_group_counts(host_counts(group_index), tokens, cores=_device_info.current_vector_cores)
     return False
 
 

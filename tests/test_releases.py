@@ -130,31 +130,33 @@ def test_other_releases_are_not_limited(version):
     check_group_counts([1], 100, version=version, cores=8)
 
 
-def test_the_device_is_asked_only_when_a_call_could_hang(monkeypatch):
+def test_the_device_is_asked_only_when_a_call_could_hang():
     asked = []
 
     def ask():
         asked.append(1)
         return _device_info.CoreCount(8, "test")
 
-    monkeypatch.setattr(_device_info, "current_vector_cores", ask)
-    check_trunc(3, 100, version="9.2.0")       # not an affected release
-    check_trunc(0, 100, version="9.1.0")       # trunc = 0
-    check_trunc(100, 100, version="9.1.0")     # no truncation
-    check_group_counts(None, 100, version="9.1.0")
-    check_group_counts([3], 100, version="9.2.0")
+    check_trunc(3, 100, version="9.2.0", cores=ask)       # not an affected release
+    check_trunc(0, 100, version="9.1.0", cores=ask)       # trunc = 0
+    check_trunc(100, 100, version="9.1.0", cores=ask)     # no truncation
+    check_group_counts(None, 100, version="9.1.0", cores=ask)
+    check_group_counts([3], 100, version="9.2.0", cores=ask)
     assert asked == []
     with pytest.raises(ReleaseLimitationError, match="8 vector cores"):
-        check_trunc(3, 100, version="9.1.0")
+        check_trunc(3, 100, version="9.1.0", cores=ask)
     assert asked == [1]
 
 
-def test_without_a_core_count_the_calling_threads_device_answers():
+def test_the_calling_threads_device_answers_and_without_an_answer_the_largest_part_is_assumed():
     # the emulator's device: 56 vector cores (ACL_EMU_VECTOR_CORES unset)
     with pytest.raises(ReleaseLimitationError,
                        match=r"56 vector cores \(from aclGetDeviceCapability\(ACL_DEVICE_INFO_VECTOR_CORE_NUM\)\)"):
-        check_trunc(55, 100, version="9.1.0")
-    check_trunc(56, 100, version="9.1.0")
+        check_trunc(55, 100, version="9.1.0", cores=_device_info.current_vector_cores)
+    check_trunc(56, 100, version="9.1.0", cores=_device_info.current_vector_cores)
+    with pytest.raises(ReleaseLimitationError, match=r"72 vector cores \(assumed"):
+        check_trunc(71, 100, version="9.1.0")   # (no count given: the largest of the family)
+    check_trunc(72, 100, version="9.1.0")
 
 
 def test_trunc_from_host_counts_wraps_like_the_operator():
@@ -270,7 +272,6 @@ def test_hazard_warnings_once_per_class_and_never_on_the_emulator(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert _classes(_releases.warn_hazards(57, 70, 4, True, 56, emulator=True)) == [_releases.MISALIGNED_H]
-        assert _classes(_releases.warn_hazards(57, 70, 4, True, 56)) == [_releases.MISALIGNED_H]   # asks: emulator
         assert _releases.warn_hazards(4, 64, 4, True, 56, emulator=False) == []
     with pytest.warns(AclSwigluWarning) as caught:
         _releases.warn_hazards(57, 70, 4, True, 56, emulator=False)
@@ -490,13 +491,14 @@ import acl_swiglu
 from acl_swiglu import _device_info, _releases
 from acl_swiglu._releases import ReleaseLimitationError
 
-out = {"cores": list(_device_info.vector_cores(0))}
+info = acl_swiglu.backend_info()
+out = {"cores": list(_device_info.vector_cores(0)), "version": [info.cann_version, info.cann_version_source]}
 rng = np.random.default_rng(3)
 gy = rng.uniform(-1, 1, (16, 4)).astype(np.float32)
 x = rng.uniform(-2, 2, (16, 8)).astype(np.float32)
 
 def device_call(counts):
-    # revision 2: the counts live in device memory, which the binding cannot see
+    # revision 2: the counts live in device memory (read back by the guard on affected releases)
     with acl_swiglu.to_device(gy) as d_gy, acl_swiglu.to_device(x) as d_x, \\
             acl_swiglu.to_device(np.array(counts, np.int64)) as d_gi, acl_swiglu.Stream() as stream:
         grad_x, _ = acl_swiglu.swiglu_group_quant_grad_device(d_gy, d_x, group_index=d_gi, stream=stream)
@@ -507,10 +509,19 @@ def device_call(counts):
                 return {"code": exc.code, "name": exc.name, "message": exc.message}
             return {"rows_written": int(np.count_nonzero(np.any(grad_x.to_numpy() != 0, axis=1)))}
 
-out["device [3]"] = device_call([3])
-out["device [8]"] = device_call([8])
-# the loader's record of the release (what it reads from the install), standing for the query
-_releases.record_install("9.1.0")
+def guarded(call, counts):
+    try:
+        return call(counts)
+    except ReleaseLimitationError as exc:
+        return {"refused": str(exc)}
+
+# What the emulated device does with the guard out of the way (the binding told a fixed release):
+_releases.record_install("9.2.0")
+out["unguarded device [3]"] = device_call([3])
+# The release as the install reports it again: the guard refuses the hang, whatever the path
+_releases.record_install(info.cann_version)
+out["device [3]"] = guarded(device_call, [3])
+out["device [8]"] = guarded(device_call, [8])
 for counts in ([7], [8], [0]):
     try:
         gx, _ = acl_swiglu.swiglu_group_quant_grad(gy, x, group_index=np.array(counts, np.int64))
@@ -528,11 +539,13 @@ def test_an_emulated_9_1_0_device_with_8_cores_hangs_and_the_guard_keeps_calls_a
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("EMULATED:"))[9:])
     assert out["cores"] == [8, "aclGetDeviceCapability(ACL_DEVICE_INFO_VECTOR_CORE_NUM)"]
+    assert out["version"] == ["9.1.0", "aclsysGetCANNVersion"]   # (asked from the runtime)
     # The emulator does what the device would not survive: the synchronisation fails, nothing is written
-    hang = out["device [3]"]
+    hang = out["unguarded device [3]"]
     assert hang["code"] == 507034 and hang["name"] == "ACL_ERROR_RT_VECTOR_CORE_TIMEOUT", hang
     for fragment in ("CANN 9.1.0", "would hang", "trunc = 3 of T = 16", "min(T, 8 vector cores) = 8"):
         assert fragment in hang["message"], (fragment, hang["message"])
+    assert "8 vector cores (from aclGetDeviceCapability" in out["device [3]"]["refused"]
     assert out["device [8]"] == {"rows_written": 8}
     # With the release known, the guard refuses the hang with the device's own core count
     refused = out["one-shot [7]"]["refused"]

@@ -77,3 +77,65 @@ def test_python_tests_under_asan_and_ubsan(asan_build):
     _no_reports(output)
     # The children really ran on the sanitizer build.
     assert "passed" in output
+
+
+# ---- ThreadSanitizer: the emulator's threads and the binding's native helper ----
+
+TSAN_REPORTS = ("WARNING: ThreadSanitizer", "SUMMARY: ThreadSanitizer")
+
+
+@pytest.fixture(scope="module")
+def tsan_build():
+    if shutil.which("cmake") is None:
+        pytest.fail("cmake is required to build the ThreadSanitizer build")
+    build = ROOT / "build" / "pytest-tsan"
+    # (Release: the kernel's bit-exactness tests are written for the shipped optimisation level)
+    for cmd in (["cmake", "-S", str(ROOT), "-B", str(build), "-DACL_SWIGLU_TSAN=ON", "-DCMAKE_BUILD_TYPE=Release",
+                 "-DCMAKE_C_FLAGS=-g"],
+                ["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2)]):
+        code, output = _run(cmd)
+        assert code == 0, output[-6000:]
+    return build
+
+
+def _no_tsan_reports(output: str):
+    found = [line for line in output.splitlines() if any(r in line for r in TSAN_REPORTS)]
+    assert not found, "ThreadSanitizer reports:\n" + "\n".join(found[:20]) + "\n" + output[-8000:]
+
+
+def test_ctest_under_tsan(tsan_build):
+    code, output = _run(["ctest", "--test-dir", str(tsan_build), "--output-on-failure", "-j", "2"], timeout=2400)
+    assert code == 0, output[-8000:]
+    assert "100% tests passed" in output
+    _no_tsan_reports(output)
+
+
+def test_python_threads_under_tsan(tsan_build, tmp_path):
+    """The package's threaded tests on a copy of the installed package whose emulator and native
+    helper are the ThreadSanitizer build's (Python itself is not instrumented: the emulator's and
+    the helper's memory accesses and locks are what is checked)."""
+    import acl_swiglu
+    installed = Path(acl_swiglu.__file__).resolve().parent
+    copy = tmp_path / "site" / "acl_swiglu"
+    shutil.copytree(installed, copy)
+    for name in ("libascendcl.so", "libnnopbase.so", "libopapi.so"):
+        shutil.copy2(tsan_build / "emulator" / "lib64" / name, copy / "_emulator" / "lib64" / name)
+    shutil.copy2(tsan_build / "hotpath" / "libaclswiglu_hotpath.so", copy / "_native" / "libaclswiglu_hotpath.so")
+    env = dict(os.environ)
+    env.update({
+        "LD_PRELOAD": _runtime_library("libtsan.so"),
+        "TSAN_OPTIONS": "halt_on_error=1:report_signal_unsafe=0",
+        "ACL_SWIGLU_BACKEND": "emulator",
+        "PYTHONPATH": str(copy.parent),
+        "PYTHONFAULTHANDLER": "1",
+    })
+    code, output = _run([sys.executable, "-c", "import acl_swiglu; print(acl_swiglu.__file__)"], env=env)
+    assert code == 0 and str(copy) in output, f"the ThreadSanitizer copy was not the one imported: {output}"
+    selected = [str(ROOT / "tests" / name) for name in ("test_concurrency.py", "test_races.py", "test_plan.py",
+                                                         "test_device_calls.py", "test_lifetimes.py")
+                if (ROOT / "tests" / name).exists()]
+    code, output = _run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--rootdir", str(ROOT),
+                         *selected, "-k", "not fork"], env=env, timeout=2400)
+    assert code == 0, output[-8000:]
+    _no_tsan_reports(output)
+    assert "passed" in output
