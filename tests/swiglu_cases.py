@@ -18,6 +18,7 @@ import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+import pytest
 
 import acl_swiglu
 from acl_swiglu import emulator
@@ -65,6 +66,24 @@ def same_bits(got: np.ndarray, expected: np.ndarray) -> bool:
     got, expected = np.ascontiguousarray(got), np.ascontiguousarray(expected)
     return got.shape == expected.shape and got.dtype == expected.dtype and np.array_equal(
         got.view(np.uint8), expected.view(np.uint8))
+
+
+def check_clamp_types(run, gy, x):
+    """2, 2.0 and NumPy scalars of 2 give the same bits, 1 and 1.0 alike; bools, NaN and the
+    values that mean "off" in the other revision are refused, whether or not an equal value was
+    seen before, and a refusal leaves nothing in the way of the next call."""
+    want_two, want_one = want(gy, x, 2.0), want(gy, x, 1.0)
+    for first in (True, False):
+        with pytest.raises(TypeError, match="bool"):
+            run(first)
+    for clamp in (2.0, 2, np.float32(2.0), 2.0, 2, np.float64(2.0), np.int64(2)):
+        assert same_bits(run(clamp), want_two), repr(clamp)
+    for clamp in (1, 1.0, 1, float("1."), 1.0):
+        assert same_bits(run(clamp), want_one), repr(clamp)
+    for clamp in (True, np.bool_(True), False, -0.0, 0.0, 0, float("nan"), "1.5", [1.5]):
+        with pytest.raises((TypeError, acl_swiglu.ArgumentError)):
+            run(clamp)
+    assert same_bits(run(1.0), want_one)
 
 
 def idle_counts() -> Dict[str, int]:
@@ -199,7 +218,7 @@ class Proxy:
 
     @property  # type: ignore[misc]
     def __class__(self) -> type:
-        return type(object.__getattribute__(self, "_wrapped"))
+        return object.__getattribute__(self, "_wrapped").__class__
 
     def __getattr__(self, name: str) -> Any:
         return getattr(object.__getattribute__(self, "_wrapped"), name)
