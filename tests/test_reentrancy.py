@@ -22,7 +22,7 @@ import pytest
 
 from swiglu_cases import CHILD_TIMEOUT, child_env
 
-WAIT = 10.0   # seconds a child waits for a scenario that takes milliseconds
+WAIT = 6.0   # seconds a child waits for a scenario that takes milliseconds (a deadlock waits this long)
 
 _CHILD = r"""
 import gc, json, os, sys, threading
