@@ -439,7 +439,7 @@ _GC_CALLBACKS = r"""
 import collections, gc, json, threading
 import numpy as np
 import acl_swiglu
-from swiglu_cases import case, want, same_bits
+from swiglu_cases import Rigged, case, want, same_bits
 
 gy, x = case(6, 24, seed=1)
 expected = want(gy, x)
@@ -447,6 +447,7 @@ stream = acl_swiglu.Stream()
 d_gy, d_x, d_x2 = acl_swiglu.to_device(gy), acl_swiglu.to_device(x), acl_swiglu.to_device(x)
 plan = acl_swiglu.SwigluGroupQuantGradPlan(d_gy, d_x, clamp_limit=1.5, stream=stream)
 plan(synchronize=True)
+rigged = Rigged.over(d_x2)
 caller = [threading.get_ident()]
 seen = collections.Counter()
 active = [False]
@@ -468,21 +469,39 @@ def callback(phase, info):
     finally:
         active[0] = True
 
-gc.callbacks.append(callback)
+class Finalized:
+    # Garbage in a reference cycle whose finalizer calls the plan (it runs at whichever
+    # collection finds it: between the plan's calls or inside one).
+    def __init__(self):
+        self.cycle = self
+
+    def __del__(self):
+        callback("start", None)
+
+
 report = {}
-for stage in ("calls", "close"):
+for stage in ("finalizers", "calls", "close"):
     seen.clear()
+    if stage != "finalizers":
+        gc.callbacks.append(callback)
     gc.set_threshold(1)   # a collection at (nearly) every allocation, also inside the plan's calls
     active[0] = True
     try:
-        if stage == "calls":
-            for i in range(100):
-                plan(d_gy, d_x2 if i % 2 else d_x)   # rebinding calls
-        else:
+        if stage == "close":
             plan.close()
+        else:
+            for i in range(100):
+                if stage == "finalizers" and i % 2:
+                    rigged.arm(Finalized)   # garbage made inside the call, collected there
+                    plan(d_gy, rigged)
+                else:
+                    plan(d_gy, d_x2 if i % 2 else d_x)   # rebinding calls
     finally:
         active[0] = False
         gc.set_threshold(700)
+        if callback in gc.callbacks:
+            gc.callbacks.remove(callback)
+    gc.collect()
     report[stage] = dict(seen)
     if stage == "calls":
         report["bits"] = same_bits(plan.grad_x.to_numpy(), expected)
@@ -491,15 +510,20 @@ print(json.dumps(report))
 """
 
 
-def test_a_plan_called_from_gc_callbacks_during_its_calls_and_its_close(tmp_path):
+def test_a_plan_called_from_gc_callbacks_and_finalizers_during_its_calls_and_its_close(tmp_path):
     """(A child process: a deadlock must not stop the run.) Every call made from a collection
-    that ran inside one of the plan's calls or inside its close() is refused; those made between
-    calls work; nothing deadlocks and the plan's result stays right."""
+    (a gc callback, or the finalizer of garbage it collects) that ran inside one of the plan's
+    calls or inside its close() is refused; those made between calls work; nothing deadlocks and
+    the plan's result stays right."""
     report = run_child(_GC_CALLBACKS, tmp_path)
     for stage in ("calls", "close"):
         outcomes = report[stage]
         assert not [k for k in outcomes if k.startswith("other")], report
         assert outcomes.get("refused", 0) >= 1, report
+    finalizers = report["finalizers"]
+    assert not [k for k in finalizers if k.startswith("other")], report
+    assert finalizers.get("refused", 0) >= 1 and finalizers.get("refused", 0) + finalizers.get("returned", 0) >= 50, \
+        report
     assert report["bits"] and report["closed"], report
 
 
