@@ -1,0 +1,216 @@
+"""The few checks that must look inside the package: what the public API cannot show (that a
+plan's repeated call checks nothing while the epoch stands, that the kept executors are bounded),
+and interleavings no public hook can force, made here by wrapping one internal step (a plan's
+launch, the step of close() between marking an object dead and closing its handle). Everything
+else is tested through the public API in the other modules."""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+import pytest
+
+import acl_swiglu
+import acl_swiglu.op
+from acl_swiglu import _aclnn, emulator, errors, runtime
+
+from swiglu_cases import CLAMP, case, idle_counts, same_bits, want
+
+OPERATOR = acl_swiglu.op.SWIGLU_GROUP_QUANT_GRAD
+
+
+@pytest.fixture
+def plan_setup():
+    gy, x = case(6, 24, seed=91)
+    with acl_swiglu.Stream() as stream, acl_swiglu.to_device(gy) as d_gy, acl_swiglu.to_device(x) as d_x, \
+            acl_swiglu.to_device(x) as d_x2, acl_swiglu.DeviceArray.empty(x.shape, np.float32) as out, \
+            acl_swiglu.SwigluGroupQuantGradPlan(d_gy, d_x, clamp_limit=CLAMP, grad_x=out, stream=stream) as plan:
+        yield plan, d_gy, d_x, d_x2, out, want(gy, x)
+
+
+def test_a_repeated_plan_call_checks_nothing_while_the_epoch_stands(plan_setup, monkeypatch):
+    plan, d_gy, d_x, d_x2, out, expected = plan_setup
+    checks = []
+    real = plan._prepare
+    monkeypatch.setattr(plan, "_prepare", lambda: (checks.append(runtime.state.epoch), real())[1])
+    for _ in range(5):
+        plan(synchronize=True)
+    assert len(checks) == 1   # the first call only
+    for _ in range(3):
+        plan()
+        assert same_bits(out.to_numpy(), expected)   # (a read records nothing)
+    assert len(checks) == 1
+    with acl_swiglu.DeviceArray.empty((2,), np.float32):
+        pass   # a close anywhere moves the epoch
+    plan()
+    plan()
+    assert len(checks) == 2
+    plan(x=d_x2)   # a rebinding: checked
+    plan(x=d_x2)   # the same array again: nothing to rebind, nothing to check
+    assert len(checks) == 3
+    assert same_bits(plan(synchronize=True)[0].to_numpy(), expected)
+
+
+def test_the_kept_executors_are_bounded():
+    before = idle_counts()
+    with acl_swiglu.Stream() as stream:
+        for rows in range(1, 21):
+            gy, x = case(rows, 4, seed=rows)
+            with acl_swiglu.to_device(gy) as d_gy, acl_swiglu.to_device(x) as d_x:
+                grad_x, _ = acl_swiglu.swiglu_group_quant_grad_device(d_gy, d_x, stream=stream)
+                with grad_x:
+                    assert same_bits(grad_x.to_numpy(), want(gy, x, None))
+            assert len(OPERATOR.bindings) <= _aclnn._BINDINGS_KEPT
+            assert emulator.live_counts()["executor"] <= _aclnn._BINDINGS_KEPT
+    assert len(OPERATOR.bindings) == _aclnn._BINDINGS_KEPT
+    assert idle_counts() == before and not OPERATOR.bindings
+
+
+def _launch_then(plan, action):
+    """The plan's next launches run action() right after the launch, as another thread closing
+    something during it would."""
+    real = plan._launch_call
+
+    def launch(argument, synchronize):
+        result = real(argument, synchronize)
+        action()
+        return result
+
+    plan._launch_call = launch
+    return lambda: setattr(plan, "_launch_call", real)
+
+
+def test_a_close_during_a_plan_launch_fails_the_call_only_if_the_plan_uses_it(plan_setup):
+    plan, d_gy, d_x, d_x2, out, expected = plan_setup
+    plan(synchronize=True)
+    plan(synchronize=True)   # (the next launches at once)
+    unrelated = acl_swiglu.DeviceArray.empty((4,), np.float32)
+    restore = _launch_then(plan, unrelated.close)
+    try:
+        grad_x, _ = plan(synchronize=True)
+    finally:
+        restore()
+    assert grad_x is out and same_bits(out.to_numpy(), expected)
+    with acl_swiglu.to_device(d_x.to_numpy()) as x3:
+        plan(x=x3, synchronize=True)
+        plan(synchronize=True)
+        restore = _launch_then(plan, x3.close)
+        try:
+            with pytest.raises(errors.HandleClosedError, match="x"):
+                plan()
+        finally:
+            restore()
+        plan.stream.synchronize()   # the launch read x3's memory, held by the plan until now
+        with pytest.raises(errors.HandleClosedError):
+            plan(synchronize=True)
+    grad_x, _ = plan(x=d_x, synchronize=True)
+    assert same_bits(grad_x.to_numpy(), expected)
+
+
+def test_release_cached_during_a_device_level_launch():
+    """release_cached() from another thread while a device-level call launches through its kept
+    executor: the call completes with the right bits, and the executor is freed after it."""
+    gy, x = case(5, 28, seed=92)
+    with acl_swiglu.Stream() as stream, acl_swiglu.to_device(gy) as d_gy, acl_swiglu.to_device(x) as d_x, \
+            acl_swiglu.DeviceArray.empty(x.shape, np.float32) as out:
+        acl_swiglu.swiglu_group_quant_grad_device(d_gy, d_x, grad_x=out, stream=stream)
+        (binding,) = [b for b in OPERATOR.bindings.values() if b.addresses.get("grad_x") == out.ptr]
+        real = binding.launch_call
+
+        def launch(argument, synchronize):
+            result = real(argument, synchronize)
+            acl_swiglu.release_cached()
+            return result
+
+        binding.launch_call = launch
+        acl_swiglu.swiglu_group_quant_grad_device(d_gy, d_x, grad_x=out, stream=stream)
+        assert binding.closed and not OPERATOR.bindings
+        assert same_bits(out.to_numpy(), want(gy, x, None))
+    assert idle_counts()["executor"] == 0
+
+
+def test_a_one_shot_stream_closed_as_soon_as_it_is_made_does_not_fail_the_call(monkeypatch):
+    """release_cached() on another thread can close a thread's new one-shot stream the moment
+    it is registered: the call still gives the model's bits, and nothing is left behind."""
+    gy, x = case(5, 32, seed=93)
+    expected = want(gy, x)
+    acl_swiglu.swiglu_group_quant_grad(gy, x, clamp_limit=CLAMP)
+    before = idle_counts()   # (this thread has no one-shot stream now)
+    closed = []
+
+    class ClosedOnSight(weakref.WeakSet):
+        def add(self, stream):
+            super().add(stream)
+            if not closed:
+                stream.close()
+                closed.append(stream)
+
+    monkeypatch.setattr(_aclnn, "_thread_streams", ClosedOnSight())
+    assert same_bits(acl_swiglu.swiglu_group_quant_grad(gy, x, clamp_limit=CLAMP)[0], expected) and closed
+    assert same_bits(acl_swiglu.swiglu_group_quant_grad(gy, x, clamp_limit=CLAMP)[0], expected)
+    assert idle_counts() == before
+
+
+def _inside_close(monkeypatch, owner, action):
+    """Runs action() inside owner.close(), after the object is marked dead and before its handle
+    is closed (where another thread's step can land)."""
+    real = runtime._runtime.disown
+    ran = []
+
+    def disown(life):
+        if life is owner._life and not ran:
+            ran.append(1)
+            action()
+        real(life)
+
+    monkeypatch.setattr(runtime._runtime, "disown", disown)
+    return ran
+
+
+_DEAD_BEFORE_CLOSED = (
+    "core defect: Owned.close() marks the object dead (_dead = True, so the _handle property returns None) "
+    "before close_life() marks its Life closed; a step of another thread that lands in between takes the "
+    "Life (Use.take/add says 'not closed') and then reads obj._handle.value: AttributeError "
+    "(\"'NoneType' object has no attribute 'value'\") instead of working on the handle it holds or raising "
+    "HandleClosedError. Seen in races: DeviceArray.to_numpy/copy_from racing close() (DeviceBuffer._copy), "
+    "a device-level call racing release_workspace()/release_cached() (Stream.take_workspace)")
+
+
+@pytest.mark.xfail(strict=True, reason=_DEAD_BEFORE_CLOSED)
+def test_a_copy_that_lands_inside_close_works_or_is_refused(monkeypatch):
+    gy, _ = case(4, 8, seed=94)
+    array = acl_swiglu.to_device(gy)
+    host = np.zeros_like(gy)
+    outcome = []
+
+    def copy():
+        try:
+            array.buffer.copy_to_host(host)
+            outcome.append("copied" if same_bits(host, gy) else "wrong bytes")
+        except errors.HandleClosedError:
+            outcome.append("refused")
+        except Exception as exc:   # judged below
+            outcome.append(repr(exc))
+
+    ran = _inside_close(monkeypatch, array.buffer, copy)
+    array.close()
+    assert ran and outcome[0] in ("copied", "refused"), outcome
+
+
+@pytest.mark.xfail(strict=True, reason=_DEAD_BEFORE_CLOSED)
+def test_a_workspace_taken_while_another_thread_empties_the_pool(monkeypatch):
+    """take_workspace() replaces a pooled buffer too small for the request; the pool is emptied
+    (release_workspace() on another thread) while the old buffer is being closed: the caller,
+    which holds the new buffer, still gets its address."""
+    stream = acl_swiglu.Stream()
+    use = runtime.Use()
+    try:
+        stream.take_workspace(64, use)
+        (small,) = stream._pools.values()
+        ran = _inside_close(monkeypatch, small, stream.release_workspace)
+        address = stream.take_workspace(128, use)
+        assert ran and isinstance(address, int) and address
+    finally:
+        use.let_go(stream._life)
+        stream.close()
