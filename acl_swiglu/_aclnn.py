@@ -14,6 +14,7 @@ import math
 import threading
 import weakref
 from collections import OrderedDict
+from threading import get_ident
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
@@ -41,15 +42,13 @@ def register(description: OperatorDescription) -> Operator:
 # ---- one-shot NumPy call ----
 
 _thread_state = threading.local()
-_thread_streams_lock = threading.Lock()
-_thread_streams: "weakref.WeakSet[Stream]" = weakref.WeakSet()
+_thread_streams: "weakref.WeakSet[Stream]" = weakref.WeakSet()   # (under state.lock)
 _helper_apis: Dict[Tuple[int, int], Any] = {}
 _KEPT = 256
 
 
 def _reset_after_fork() -> None:
-    global _thread_streams_lock, _thread_state
-    _thread_streams_lock = threading.Lock()   # another thread may have held it at the fork
+    global _thread_state
     _thread_state = threading.local()
     _thread_streams.clear()
 
@@ -68,7 +67,7 @@ def thread_stream() -> Stream:
     stream = streams.get(device)
     if stream is None or stream.closed:
         stream = Stream()
-        with _thread_streams_lock:
+        with state.lock:
             _thread_streams.add(stream)   # (listed before it is kept: release_cached() sees every kept one)
         streams[device] = stream
     return stream
@@ -81,7 +80,7 @@ def release_cached() -> None:
     if in_forked_child():
         return   # the parent's device resources are not this process's to free
     free_collected()
-    with _thread_streams_lock:
+    with state.lock:   # (re-entrant: a collection inside it may call release_cached() again)
         streams = list(_thread_streams)
     for stream in streams:
         stream.close()   # (a closed one stays listed until its thread lets go of it: closing it again does nothing)
@@ -94,11 +93,22 @@ def release_cached() -> None:
             binding.close()
 
 
-def _host_array(value: Any) -> Any:
+def _host_array(name: str, value: Any) -> Any:
     """A NumPy array argument as the array it stands for: a subclass or a proxy becomes the plain
-    ndarray over the same memory, and an array in non-native byte order a converted copy."""
+    ndarray over the same memory (read through its own view()), and an array in non-native byte
+    order a converted copy."""
     if isinstance(value, np.ndarray):
-        value = np.asarray(value)
+        kind = type(value).__name__
+        try:
+            value = np.ndarray.view(value, np.ndarray)   # (a subclass: the plain array over its memory)
+        except TypeError:   # a proxy, which only claims to be an ndarray: the array it forwards to
+            try:
+                value = value.view(np.ndarray)
+            except Exception:
+                value = None
+        if type(value) is not np.ndarray:
+            raise TypeError(f"{name} is a {kind} that claims to be a numpy.ndarray but gives no array of its own "
+                            "(its view(numpy.ndarray) does not); pass the array itself")
         if not value.dtype.isnative:
             value = value.astype(value.dtype.newbyteorder("="))
     return value
@@ -133,10 +143,11 @@ def one_shot(operator: Operator, given: Dict[str, Any]) -> Dict[str, np.ndarray]
     back; the outputs the call computes, as fresh host arrays by name. Validation and the arena
     are made once per layout; what depends on the arrays' contents is checked on every call."""
     signature = operator.signature()
-    values = [given.get(name) for name in operator.argument_names]
+    names = operator.argument_names
+    values = [given.get(name) for name in names]
     for index, value in enumerate(values):
         if value is not None and (type(value) is not np.ndarray or not value.dtype.isnative):
-            values[index] = _host_array(value)
+            values[index] = _host_array(names[index], value)
     layout = _one_shot_layout(operator, signature, values)
     description = operator.description
     description.guard(layout.problem, given, signature.revision)
@@ -257,35 +268,51 @@ def device_call(operator: Operator, given: Dict[str, Any], stream: Optional[Stre
 
 def _launch_kept(operator: Operator, signature: Signature, key: Tuple[Any, ...], layout: _DeviceLayout,
                  arrays: Dict[str, DeviceArray], hosts: Dict[str, np.ndarray], stream: Stream) -> None:
-    """Rebinds the kept executor of this key (made first if needed) and launches it."""
+    """Rebinds the kept executor of this key (made first if needed) and launches it, holding the
+    arrays and the stream from before the executor is made to after the launch is queued."""
     inputs = [arrays[name] for name in layout.inputs]
     outputs = [arrays[name] for name in layout.outputs]
-    while True:
+    use = Use((stream._life, *lives_of(arrays.values())), stream._life)
+    try:
+        epoch = state.epoch
+        if not use.take():
+            check_open(arrays)
+            stream.check_open("stream")
         binding = _binding(operator, signature, key, arrays, hosts, layout.scalars)
-        use = Use((stream._life, binding._life, *lives_of(arrays.values())), stream._life)
-        try:
-            with binding.lock:
-                epoch = state.epoch
-                if not use.take():
-                    check_open(arrays)
-                    stream.check_open("stream")
-                    continue   # (the executor was dropped by release_cached meanwhile: make another)
-                binding.bind(arrays)
-                launch = binding.launch
-                launch.stream = stream._address.value
-                size = binding.workspace_size
-                launch.workspace = stream.take_workspace(size, use) if size else None
-                order_launch(inputs, outputs, stream._life)
-                result = binding.launch_call(binding.launch_argument, 0)
-                if result:
-                    raise_launch_failure(operator, operator.api(), result)
-                record_launch(inputs, outputs, stream._life)
-                if state.epoch != epoch:   # closed by another thread during the call: it must not succeed
-                    check_open(arrays)
-                    stream.check_open("stream")
-                return
-        finally:
-            use.let_go()
+        while not use.add(binding._life):   # (dropped by release_cached() or evicted meanwhile)
+            binding = _binding(operator, signature, key, arrays, hosts, layout.scalars)
+        if binding.owner == get_ident():
+            # A call from code run inside a call of this executor (a gc callback): its own executor.
+            binding = Binding(operator, signature, arrays, hosts, layout.scalars)
+            use.add(binding._life)
+            binding.close()   # (freed when this call lets go, after the stream is past it)
+        with binding.lock:
+            _launch_locked(operator, binding, arrays, inputs, outputs, stream, use, epoch)
+    finally:
+        use.let_go()
+
+
+def _launch_locked(operator: Operator, binding: Binding, arrays: Dict[str, DeviceArray], inputs: List[DeviceArray],
+                   outputs: List[DeviceArray], stream: Stream, use: Use, epoch: int) -> None:
+    """The launch, under the executor's lock. (A function of its own: a ``try`` right inside a
+    ``with`` does not cover its own first line.)"""
+    try:
+        binding.owner = get_ident()
+        binding.bind(arrays)
+        launch = binding.launch
+        launch.stream = stream._address.value
+        size = binding.workspace_size
+        launch.workspace = stream.take_workspace(size, use) if size else None
+        order_launch(inputs, outputs, stream._life)
+        result = binding.launch_call(binding.launch_argument, 0)
+        if result:
+            raise_launch_failure(operator, operator.api(), result)
+        record_launch(inputs, outputs, stream._life)
+        if state.epoch != epoch:   # closed by another thread during the call: it must not succeed
+            check_open(arrays)
+            stream.check_open("stream")
+    finally:
+        binding.owner = None
 
 
 def _binding(operator: Operator, signature: Signature, key: Tuple[Any, ...], arrays: Dict[str, DeviceArray],

@@ -113,7 +113,7 @@ class Stream(Owned):
         api = runtime_api()
         self._device: Optional[int] = current_device()
         handle = _ffi.aclrtStream_p()
-        self._prepare(api.raw.aclrtDestroyStream, handle)   # (destroying waits for the queued work)
+        self._prepare(api.raw.aclrtDestroyStream, handle, self._device)   # (destroying waits for the queued work)
         api.aclrtCreateStream(ctypes.byref(handle))
         self._address = ctypes.c_void_p(ctypes.cast(handle, ctypes.c_void_p).value)
         self._life.address = self._address
@@ -167,14 +167,14 @@ class Stream(Owned):
         with state.lock:
             pooled = self._pools.get(device)
             if pooled is not None and pooled.nbytes >= nbytes and use.add(pooled._life):
-                return int(pooled._handle.value)
+                return int(pooled._life.handle.value)   # (held: freed only after this use)
         fresh = DeviceBuffer(nbytes)   # (not under the lock: an allocation may run a finalizer)
         with state.lock:
             use.add(fresh._life)
             old, self._pools[device] = self._pools.get(device), fresh
         if old is not None:
             old.close()   # freed once the work queued with it is done
-        return int(fresh._handle.value)
+        return int(fresh._life.handle.value)
 
     def release_workspace(self) -> None:
         """Frees the pooled workspaces once the work queued on this stream is done."""
@@ -233,8 +233,9 @@ class DeviceBuffer(Owned):
         api = runtime_api()
         free_collected()
         ptr = ctypes.c_void_p()
-        self._prepare(api.raw.aclrtFree, ptr)
+        self._prepare(api.raw.aclrtFree, ptr, current_device())
         api.aclrtMalloc(ctypes.byref(ptr), self.nbytes, ACL_MEM_MALLOC_HUGE_FIRST)
+        self._access = access_of(ptr.value or 0)
 
     @classmethod
     def wrap(cls, ptr: int, nbytes: int) -> "DeviceBuffer":
@@ -244,6 +245,7 @@ class DeviceBuffer(Owned):
         Owned.__init__(buffer)
         buffer.nbytes = _check_nbytes(nbytes)
         buffer._borrow(ctypes.c_void_p(address))
+        buffer._access = access_of(address)
         return buffer
 
     @property
@@ -287,7 +289,7 @@ class DeviceBuffer(Owned):
         try:
             if not use.take():
                 raise HandleClosedError(f"this {self._kind} was closed; it cannot be used any more")
-            device = self._handle.value + offset
+            device = self._life.handle.value + offset   # (held: freed only after the copy)
             if kind == MEMCPY_HOST_TO_DEVICE:
                 api.aclrtMemcpy(device, self.nbytes - offset, host, nbytes, kind)
             else:
@@ -339,20 +341,45 @@ def layout_id(layout: Tuple[Any, ...]) -> int:
 # ---- access records ----
 
 
+class Access:
+    """The order of the work queued on one piece of device memory: the stream of its last
+    queued write, and the streams that queued reads of it since. Shared by every array over the
+    memory (every view of a buffer, and every buffer wrapping the same address)."""
+
+    __slots__ = ("writer", "readers", "__weakref__")
+
+    def __init__(self) -> None:
+        self.writer: Optional[StreamLife] = None
+        self.readers: Set[StreamLife] = set()
+
+
+_accesses: "weakref.WeakValueDictionary[int, Access]" = weakref.WeakValueDictionary()
+
+
+def access_of(address: int) -> Access:
+    """The access record of the memory that starts at `address`."""
+    with state.lock:
+        record = _accesses.get(address)
+        if record is None:
+            record = _accesses[address] = Access()
+    return record
+
+
 def order_launch(reads: Sequence["DeviceArray"], writes: Sequence["DeviceArray"], stream: StreamLife) -> None:
     """Before queuing work on `stream` that reads and writes these arrays: waits for their
     writers on other streams, and for the readers on other streams of what it writes."""
     waits: Set[StreamLife] = set()
     with state.lock:
         for array in reads:
-            writer = array._writer
+            writer = array._access.writer
             if writer is not None and writer is not stream:
                 waits.add(writer)
         for array in writes:
-            writer = array._writer
+            access = array._access
+            writer = access.writer
             if writer is not None and writer is not stream:
                 waits.add(writer)
-            for reader in array._readers:
+            for reader in access.readers:
                 if reader is not stream:
                     waits.add(reader)
     for other in waits:
@@ -367,13 +394,15 @@ def record_launch(reads: Sequence["DeviceArray"], writes: Sequence["DeviceArray"
     changed = False
     with state.lock:
         for array in reads:
-            if stream not in array._readers:
-                array._readers.add(stream)
+            readers = array._access.readers
+            if stream not in readers:
+                readers.add(stream)
                 changed = True
         for array in writes:
-            if array._writer is not stream or array._readers:
-                array._writer = stream
-                array._readers = set()
+            access = array._access
+            if access.writer is not stream or access.readers:
+                access.writer = stream
+                access.readers = set()
                 changed = True
         if changed:
             state.epoch += 1
@@ -401,10 +430,10 @@ class DeviceArray:
         self.offset = whole_number(offset, "offset")
         self._dead = False
         self._address = 0 if buffer is None else buffer.ptr   # (fixed for the array's life)
+        self._life: Optional[Life] = None if buffer is None else buffer._life   # what a launch holds
         self._layout = (self.shape, self.dtype, self.strides, self.offset)
         self._layout_id = layout_id(self._layout)
-        self._writer: Optional[StreamLife] = None    # the stream of the last queued write
-        self._readers: Set[StreamLife] = set()       # streams that queued reads since then
+        self._access = Access() if buffer is None else buffer._access
 
     # -- construction --
 
@@ -437,6 +466,8 @@ class DeviceArray:
         if nbytes:
             array.buffer = DeviceBuffer.wrap(address, nbytes)
             array._address = address
+            array._life = array.buffer._life
+            array._access = array.buffer._access
         return array
 
     # -- geometry --
@@ -480,9 +511,6 @@ class DeviceArray:
         """(shape, dtype, strides, offset): what a plan needs to be the same to rebind it."""
         return self._layout
 
-    def _lives(self) -> Tuple[Life, ...]:
-        """The native handles a launch using this array relies on: its memory."""
-        return () if self.buffer is None else (self.buffer._life,)
 
     # -- data --
 
@@ -490,21 +518,22 @@ class DeviceArray:
     def pending(self) -> Optional[Stream]:
         """The stream of the last write queued to this array through the package (None when
         there is none, or its wrapper is gone)."""
-        writer = self._writer
+        writer = self._access.writer
         return None if writer is None or writer.wrapper is None else writer.wrapper()
 
     def wait_for_writer(self) -> None:
         """Waits for the work queued to write this array (also through a closed Stream wrapper)."""
-        writer = self._writer
+        writer = self._access.writer
         if writer is not None:
             writer.wait()
 
     def wait_for_access(self) -> None:
         """Waits for every queued read and write of this array (before a write from the host)."""
         with state.lock:
-            streams = set(self._readers)
-            if self._writer is not None:
-                streams.add(self._writer)
+            access = self._access
+            streams = set(access.readers)
+            if access.writer is not None:
+                streams.add(access.writer)
         for stream in streams:
             stream.wait()
 
@@ -557,7 +586,8 @@ class DeviceArray:
     @property
     def closed(self) -> bool:
         """True once close() was called on the array or on its buffer."""
-        return self._dead or (self.buffer is not None and self.buffer.closed)
+        life = self._life
+        return self._dead or (life is not None and life.closed)
 
     def __enter__(self) -> "DeviceArray":
         return self
@@ -573,10 +603,8 @@ class DeviceArray:
 
 
 def lives_of(arrays: Iterable[DeviceArray]) -> List[Life]:
-    lives: List[Life] = []
-    for array in arrays:
-        lives.extend(array._lives())
-    return lives
+    """The native handles a launch using these arrays relies on: their memory."""
+    return [array._life for array in arrays if array._life is not None]
 
 
 def to_device(array: np.ndarray) -> DeviceArray:
@@ -584,7 +612,18 @@ def to_device(array: np.ndarray) -> DeviceArray:
     the device (the bytes it spans are copied); negative strides are copied to C order first."""
     if not isinstance(array, np.ndarray):
         raise TypeError(f"to_device needs a numpy.ndarray, got {type(array).__name__}")
-    array = np.asarray(array)   # (a subclass or a proxy: the array it stands for)
+    kind = type(array).__name__
+    plain: Any = None
+    try:
+        plain = np.ndarray.view(array, np.ndarray)   # (a subclass: the plain array over its memory)
+    except TypeError:   # a proxy, which only claims to be an ndarray: the array it forwards to
+        try:
+            plain = array.view(np.ndarray)
+        except Exception:
+            pass
+    if type(plain) is not np.ndarray:
+        raise TypeError(f"to_device got a {kind} that claims to be a numpy.ndarray but gives no array of its own")
+    array = plain
     check_device_dtype(array.dtype.newbyteorder("="), "array's dtype")
     if not array.dtype.isnative:
         array = array.astype(array.dtype.newbyteorder("="))

@@ -21,7 +21,7 @@ import numpy as np
 from . import _ffi
 from ._device import DeviceArray, DeviceBuffer, Stream, default_stream, lives_of, order_launch, record_launch
 from .errors import ArgumentError, HandleClosedError
-from .runtime import Owned, Use, runtime_api, state
+from .runtime import Owned, Use, current_device, runtime_api, state
 from .tensor import AclIntArray, AclTensor
 
 # Kinds of C parameter: handles (a tensor the call reads, one it writes, host int64 values as an
@@ -267,7 +267,7 @@ def make_executor(owner: Owned, operator: Operator, signature: Signature, arrays
         return status
 
     handle = _ffi.aclOpExecutor_p()
-    owner._prepare(destroy, handle)
+    owner._prepare(destroy, handle, current_device())
     try:
         for name, array in arrays.items():
             tensors[name] = AclTensor(array)

@@ -56,17 +56,23 @@ class Binding(Owned):
                  host_values: Mapping[str, np.ndarray], scalars: Sequence[Any]) -> None:
         super().__init__()
         self.lock = threading.Lock()
+        self.owner: Optional[int] = None   # the thread whose call holds the lock
         self.operator = operator
         self.tensors: Dict[str, AclTensor] = {}
         try:
             self.tensors, self.workspace_size = make_executor(self, operator, signature, arrays, host_values, scalars)
             api = operator.api()
             api.aclSetAclOpExecutorRepeatable(self._life.handle)
+            self._set_up(api, operator, signature, arrays, host_values)
         except BaseException:
             self.close()
             raise
+
+    def _set_up(self, api: Any, operator: Operator, signature: Signature, arrays: Mapping[str, DeviceArray],
+                host_values: Mapping[str, np.ndarray]) -> None:
         self.host_values = {name: tuple(int(v) for v in values) for name, values in host_values.items()}
-        self.addresses: Dict[str, Optional[int]] = {name: array.ptr for name, array in arrays.items()}
+        # (the addresses the tensors were made with)
+        self.addresses: Dict[str, Optional[int]] = {name: array._address for name, array in arrays.items()}
         executor = ctypes.c_void_p(ctypes.cast(self._life.handle, ctypes.c_void_p).value)
         self.setters = {}
         for name, tensor in self.tensors.items():
@@ -87,7 +93,9 @@ class Binding(Owned):
         changed: List[Tuple[str, Optional[int]]] = []
         try:
             for name, array in arrays.items():
-                address = array._address
+                if array.closed:
+                    raise HandleClosedError(f"{name} is a closed DeviceArray; its device memory was freed")
+                address = array.ptr
                 previous = self.addresses[name]
                 if address != previous:
                     self.addresses[name] = None   # (unknown until the setter returns)
@@ -303,9 +311,8 @@ class Plan:
         else:
             binding.bind(bound)
         old = [self._arrays[name] for name in changes]
-        for array in changes.values():
-            for life in array._lives():
-                self._use.add(life)
+        for life in lives_of(changes.values()):
+            self._use.add(life)
         self._arrays, self._arguments, self._guarded = bound, arguments, guarded
         self._use.drop(lives_of(a for a in old if all(a is not b for b in bound.values())))
         self._set_outputs()

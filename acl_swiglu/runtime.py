@@ -65,10 +65,11 @@ class Life:
     arriving right after still leaves it to be freed. It is set to None by the statement that
     frees it."""
 
-    __slots__ = ("handle", "destroy", "holders", "streams", "closed", "freeing", "key", "__weakref__")
+    __slots__ = ("handle", "destroy", "device", "holders", "streams", "closed", "freeing", "key", "__weakref__")
 
-    def __init__(self, destroy: Optional[Destroy] = None, handle: Any = None) -> None:
+    def __init__(self, destroy: Optional[Destroy] = None, handle: Any = None, device: Optional[int] = None) -> None:
         self.handle = handle
+        self.device = device     # the device it belongs to (freed there), or None for a host object
         self.destroy = destroy   # None: borrowed, never freed by the package
         self.holders: Set[Use] = set()   # the Uses that may hold it (those still active do)
         self.streams: Optional[Set[Life]] = None   # lives of streams whose queued work may use it
@@ -146,12 +147,25 @@ def _free(life: Life) -> None:
     destroy, handle = life.destroy, life.handle
     if destroy is None or handle is None or not ctypes.cast(handle, ctypes.c_void_p).value:
         return
+    api = runtime_api()
+    here = _runtime.local.device
+    if life.device is None or life.device == here:
+        _destroy(life, destroy, handle)
+        return
+    api.aclrtSetDevice(life.device)   # (made on another device: freed there)
+    try:
+        _destroy(life, destroy, handle)
+    finally:
+        api.aclrtSetDevice(here)
+
+
+def _destroy(life: Life, destroy: Destroy, handle: Any) -> None:
+    """Frees the handle once the streams that used it are past that work."""
     for stream_life in life.streams or ():
         try:
             stream_life.wait()
         except Exception:   # the failure belongs to whoever reads the results; the free goes on
             pass
-    runtime_api()
     status, life.handle = destroy(handle), None
     if status:
         # A failed free cannot be acted on (the owner is gone or closing); its text must not show
@@ -185,10 +199,21 @@ class Use:
 
     def take(self) -> bool:
         """Holds every life; False when one of them was closed already (the caller refuses)."""
+        stream = self.stream
+        taken = True
         with state.lock:
             for life in self.lives:
-                self._hold(life)
-            return not any(life.closed for life in self.lives)
+                holders = life.holders
+                if len(holders) > 16:   # (Uses ended by their owner's collection stay listed, inactive)
+                    life.holders = holders = {use for use in holders if use.active}
+                holders.add(self)
+                if stream is not None and stream is not life:
+                    if life.streams is None:
+                        life.streams = {stream}
+                    else:
+                        life.streams.add(stream)
+                taken = taken and not life.closed
+        return taken
 
     def add(self, life: Life) -> bool:
         """Holds one more life; False when it was closed already."""
@@ -225,7 +250,8 @@ class Use:
         with state.lock:
             for life in self.lives:
                 life.holders.discard(self)
-        release_due()
+        if state.due or state.collected:
+            release_due()
 
 
 class _Runtime:
@@ -462,11 +488,12 @@ class Owned:
         self._life = Life()
         self._finalizer: "Optional[weakref.finalize[Any, Any]]" = None
 
-    def _prepare(self, destroy: Destroy, handle: Any = None) -> Life:
+    def _prepare(self, destroy: Destroy, handle: Any = None, device: Optional[int] = None) -> Life:
         """Readies this object to own a handle: call right before the statement that makes it,
         which stores it in the returned life's ``handle`` (or writes it into `handle`, an
-        out-parameter given here)."""
+        out-parameter given here). `device`: the device the handle belongs to."""
         life = self._life = self._make_life(destroy, handle)
+        life.device = device
         self._finalizer = _runtime.adopt(self, life)
         return life
 

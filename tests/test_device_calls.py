@@ -191,13 +191,6 @@ def test_an_array_closed_while_a_call_binds_its_arrays_fails_the_call(victim):
             array.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "core defect: a device-level call that makes its executor (the first call of a layout, or one after "
-    "release_cached() or an eviction) runs _aclnn._binding -> Binding -> make_executor (the tensors and phase "
-    "1) before it holds its arrays (the Use is made and taken after _binding returns): an array closed by "
-    "another party at that moment is freed at once, and phase 1 runs on freed memory; the emulator refuses it "
-    "with ACLNN_ERR_PARAM_INVALID (161002) 'gradY data ... is not device memory (... device memory that was "
-    "freed)' instead of the HandleClosedError a close during a call gives (seen in test_races.py's races too)"))
 @pytest.mark.parametrize("victim", ["grad_y", "x"])
 def test_an_array_closed_while_a_call_makes_its_executor_fails_the_call_clearly(victim):
     gy, x = case(3, 37, seed=20)   # (a layout with no kept executor)

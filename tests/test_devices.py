@@ -147,12 +147,6 @@ def test_set_device_moves_every_kind_of_call_and_back(tmp_path):
     assert not any("aclrtSetDevice(0)" in m or "device 0" in m for m in report["messages"]), report
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "core defect: a handle is freed on the device current on the freeing thread, not on the device it "
-    "belongs to (runtime._free calls the destroy with no device switch): a DeviceArray, a Stream, a "
-    "device-1 one-shot stream or a device-1 pooled workspace closed (or released by release_cached) after "
-    "set_device(0) fails its aclrtFree/aclrtDestroyStream ('belongs to device 1'), the failure is dropped, "
-    "and the handle stays live for the life of the process"))
 def test_handles_of_one_device_freed_after_switching_to_the_other(tmp_path):
     report = run_child(_FREED_ON_THE_OTHER_DEVICE, tmp_path, ACL_EMU_DEVICES="2")
     assert not any(report["live"].values()), report

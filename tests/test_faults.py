@@ -87,9 +87,6 @@ CODES: Dict[str, Tuple[int, ...]] = {
     "aclrtMemcpyAsync": (507000,),
     "aclrtMemset": (507000,),
     "aclGetRecentErrMsg": (500000,),         # returns text, no status: not injectable
-    "aclsysGetCANNVersion": (507000,),
-    "aclGetDeviceCapability": (507000,),
-    "aclrtGetDeviceInfo": (507000,),
     "aclCreateTensor": (561103,),            # ACLNN_ERR_INNER_NULLPTR (constructors return NULL)
     "aclDestroyTensor": (161002,),           # ACLNN_ERR_PARAM_INVALID
     "aclCreateIntArray": (561103,),

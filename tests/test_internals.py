@@ -168,16 +168,8 @@ def _inside_close(monkeypatch, owner, action):
     return ran
 
 
-_DEAD_BEFORE_CLOSED = (
-    "core defect: Owned.close() marks the object dead (_dead = True, so the _handle property returns None) "
-    "before close_life() marks its Life closed; a step of another thread that lands in between takes the "
-    "Life (Use.take/add says 'not closed') and then reads obj._handle.value: AttributeError "
-    "(\"'NoneType' object has no attribute 'value'\") instead of working on the handle it holds or raising "
-    "HandleClosedError. Seen in races: DeviceArray.to_numpy/copy_from racing close() (DeviceBuffer._copy), "
-    "a device-level call racing release_workspace()/release_cached() (Stream.take_workspace)")
 
 
-@pytest.mark.xfail(strict=True, reason=_DEAD_BEFORE_CLOSED)
 def test_a_copy_that_lands_inside_close_works_or_is_refused(monkeypatch):
     gy, _ = case(4, 8, seed=94)
     array = acl_swiglu.to_device(gy)
@@ -198,13 +190,12 @@ def test_a_copy_that_lands_inside_close_works_or_is_refused(monkeypatch):
     assert ran and outcome[0] in ("copied", "refused"), outcome
 
 
-@pytest.mark.xfail(strict=True, reason=_DEAD_BEFORE_CLOSED)
 def test_a_workspace_taken_while_another_thread_empties_the_pool(monkeypatch):
     """take_workspace() replaces a pooled buffer too small for the request; the pool is emptied
     (release_workspace() on another thread) while the old buffer is being closed: the caller,
     which holds the new buffer, still gets its address."""
     stream = acl_swiglu.Stream()
-    use = runtime.Use()
+    use = runtime.Use((), stream._life)
     try:
         stream.take_workspace(64, use)
         (small,) = stream._pools.values()
@@ -212,5 +203,5 @@ def test_a_workspace_taken_while_another_thread_empties_the_pool(monkeypatch):
         address = stream.take_workspace(128, use)
         assert ran and isinstance(address, int) and address
     finally:
-        use.let_go(stream._life)
+        use.let_go()
         stream.close()

@@ -351,6 +351,7 @@ TARGETS: Dict[str, Tuple[Callable[..., Any], List[Operation]]] = {
     "_device.DeviceBuffer.__init__": (_device.DeviceBuffer.__init__, [Copies(), DeviceCall(allocate=True)]),
     "_device.DeviceBuffer._copy": (_device.DeviceBuffer._copy, [Copies()]),
     "_device.layout_id": (_device.layout_id, [Copies()]),
+    "_device.access_of": (_device.access_of, [Copies()]),
     "_device.order_launch": (_device.order_launch, [DeviceCall(), PlanCall(rebind=True)]),
     "_device.record_launch": (_device.record_launch, [DeviceCall(), PlanCall(rebind=True)]),
     "_device.DeviceArray.wait_for_access": (_device.DeviceArray.wait_for_access, [Copies()]),

@@ -200,12 +200,6 @@ def test_a_proxy_of_a_bfloat16_array_is_never_misread():
         assert same_bits(got, expected)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "core defect: _aclnn._host_array turns a proxy into np.asarray(proxy), which reads it through "
-    "__array_interface__/__array_struct__ and gets dtype void16 for ml_dtypes' bfloat16; the call is "
-    "then refused with 'grad_y has dtype void16; it must be float32, float16 or bfloat16' although the "
-    "object's dtype is bfloat16 (the proxy forwards .dtype and .view: the core could view the result as "
-    "proxy.dtype, or refuse the proxy with a TypeError naming it)"))
 def test_a_proxy_of_a_bfloat16_array_gives_its_bits_or_a_refusal_that_names_the_proxy():
     gy, x = case(6, 16, seed=43, dtype=BF16)
     expected = one_shot(gy, x, clamp_limit=CLAMP)[0]

@@ -145,15 +145,8 @@ def test_a_plan_reads_what_another_stream_wrote_last():
                 array.close()
 
 
-_ALIASES = (
-    "core defect: the access records that order work are kept per DeviceArray object (_writer/_readers), "
-    "not per memory, so two arrays over the same memory (a second DeviceArray over the same DeviceBuffer, "
-    "or DeviceArray.wrap of the same pointer, as a framework integration makes for each call) do not see "
-    "each other's queued work: a copy into one does not wait for a queued read through the other, and a read "
-    "through one on another stream does not wait for a queued write through the other")
 
 
-@pytest.mark.xfail(strict=True, reason=_ALIASES)
 @pytest.mark.parametrize("alias", ["same-buffer", "wrapped-pointer"])
 def test_a_write_through_one_array_waits_for_a_read_queued_through_another_over_the_same_memory(data, alias):
     gy, old, new, want_old, _ = data
@@ -166,7 +159,6 @@ def test_a_write_through_one_array_waits_for_a_read_queued_through_another_over_
             assert same_bits(out.to_numpy(), want_old)
 
 
-@pytest.mark.xfail(strict=True, reason=_ALIASES)
 def test_a_read_through_one_array_waits_for_a_write_queued_through_another_over_the_same_memory(data):
     gy, old, new, _, want_new = data
     with acl_swiglu.Stream() as a, acl_swiglu.Stream() as b, acl_swiglu.to_device(gy) as d_gy, \

@@ -259,12 +259,6 @@ def test_calls_from_another_thread_and_back(plan_setup):
     assert same_bits(plan(synchronize=True)[0].to_numpy(), s["want"])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "core defect: Plan.__call__ makes its first C call (an address setter when rebinding, else phase 2 "
-    "when the epoch check passes) before anything binds the calling thread to a device (runtime_api() is "
-    "reached only through _prepare, after _rebind), so on a thread that never used the package before a "
-    "rebinding call fails with ACLNN_ERR_PARAM_INVALID (161002) from aclSetInputTensorAddr and a plain "
-    "call with ACL_ERROR_RT_CONTEXT_NULL (107002) from phase 2"))
 @pytest.mark.parametrize("first_call", ["plain", "rebinding"])
 def test_a_threads_first_use_of_the_package_can_be_a_plan_call(plan_setup, first_call):
     """Twenty rounds of short-lived threads (thread identities are reused once a thread ended),

@@ -16,7 +16,7 @@ import collections
 import contextlib
 import sys
 import threading
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 import numpy as np
 import pytest
@@ -42,19 +42,6 @@ def frequent_switches():
 
 def call(d_gy, d_x, out, stream):
     return acl_swiglu.swiglu_group_quant_grad_device(d_gy, d_x, clamp_limit=CLAMP, grad_x=out, stream=stream)
-
-
-def known_defect(exc: BaseException) -> Optional[str]:
-    """The outcome of a known core defect that these races hit at random, each pinned by a
-    strict xfail that forces its interleaving: test_internals.py's _DEAD_BEFORE_CLOSED tests
-    and test_device_calls.py::test_an_array_closed_while_a_call_makes_its_executor_fails_the_call_clearly.
-    Counted, not failed, so that the races judge everything else; drop this once those pass."""
-    if isinstance(exc, AttributeError) and "'NoneType' object has no attribute 'value'" in str(exc):
-        return "known defect: dead before closed"
-    if isinstance(exc, errors.AclError) and exc.code == 161002 and exc.api == PHASE1 and \
-            "device memory that was freed" in exc.message:
-        return "known defect: phase 1 before the hold"
-    return None
 
 
 # ---- device-level calls against closes, pools and release_cached ----
@@ -124,12 +111,8 @@ def device_call_race(shared_stream: bool, closes: bool, workers: int = 4, calls:
                         out = acl_swiglu.DeviceArray.empty(x.shape, np.float32)
                         outputs.append(out)
                     continue
-                except Exception as exc:   # a wrong outcome (or a known defect's)
-                    known = known_defect(exc)
-                    if known is not None:
-                        counts[known] += 1
-                    else:
-                        problems.append(f"{type(exc).__name__}: {exc}")
+                except Exception as exc:   # a wrong outcome
+                    problems.append(f"{type(exc).__name__}: {exc}")
                     continue
                 counts["ok"] += 1
                 try:
@@ -137,11 +120,6 @@ def device_call_race(shared_stream: bool, closes: bool, workers: int = 4, calls:
                         problems.append("wrong bits")
                 except errors.HandleClosedError:
                     counts["read after close"] += 1
-                except AttributeError as exc:
-                    known = known_defect(exc)
-                    if known is None:
-                        raise
-                    counts[known] += 1
         finally:
             with inputs.lock:
                 finished[0] += 1
@@ -187,8 +165,7 @@ def device_call_race(shared_stream: bool, closes: bool, workers: int = 4, calls:
 def judge(result: Dict[str, Any], closes: bool) -> None:
     counts = result["counts"]
     assert not result["problems"], result
-    known = sum(n for outcome, n in counts.items() if outcome.startswith("known defect"))
-    assert counts.get("ok", 0) + known >= (1 if closes else result["calls"]) and result["cycles"] >= 1, result
+    assert counts.get("ok", 0) >= (1 if closes else result["calls"]) and result["cycles"] >= 1, result
     if closes:
         assert result["replaced"] > 0 and counts.get("closed", 0) > 0, result   # the race was on
 
@@ -227,18 +204,11 @@ def test_device_calls_racing_release_cached_and_unrelated_closes():
     with acl_swiglu.to_device(gy) as d_gy, acl_swiglu.to_device(x) as d_x:
         outputs = [acl_swiglu.DeviceArray.empty(x.shape, np.float32) for _ in range(2)]
 
-        known: collections.Counter = collections.Counter()
 
         def repeat(out):
             with acl_swiglu.Stream() as stream:
                 for _ in range(80):
-                    try:
-                        call(d_gy, d_x, out, stream)
-                    except AttributeError as exc:
-                        if known_defect(exc) is None:
-                            raise
-                        known[known_defect(exc)] += 1
-                        call(d_gy, d_x, out, stream)   # (the last call must have written the output)
+                    call(d_gy, d_x, out, stream)
                 stream.synchronize()
 
         def disturb():
@@ -409,11 +379,6 @@ def test_reads_racing_a_close_of_their_array():
                         got = out.to_numpy()
                     except errors.HandleClosedError:
                         outcomes["closed"] += 1
-                        return
-                    except AttributeError as exc:
-                        if known_defect(exc) is None:
-                            raise
-                        outcomes["closed"] += 1   # (the same moment: the close had begun)
                         return
                     outcomes["ok" if same_bits(got, expected) else "wrong"] += 1
 

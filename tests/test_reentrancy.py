@@ -222,32 +222,18 @@ def _finished(reports, name):
     return report["checks"]
 
 
-_KEPT_EXECUTOR_LOCK = (
-    "core defect: a device-level call holds its kept executor's lock (_plan.Binding.lock, a non-reentrant "
-    "threading.Lock) while code of the user's can run inside it: the address getter of a DeviceArray "
-    "subclass (Binding.bind reads array.ptr) and any gc callback (every allocation in the locked block, "
-    "e.g. Use.take's set.add, can start a collection). A device-level call of the same layout from that "
-    "code waits for the lock its own thread holds: the thread deadlocks (a plan refuses the same with "
-    "RuntimeError through its _owner check)")
 
 
-@pytest.mark.xfail(strict=True, reason=_KEPT_EXECUTOR_LOCK)
 def test_a_device_call_of_the_same_layout_from_inside_a_device_call(reports):
     checks = _finished(reports, "same_layout_from_an_array_hook")
     assert checks["bits"], checks
 
 
-@pytest.mark.xfail(strict=True, reason=_KEPT_EXECUTOR_LOCK)
 def test_a_device_call_of_the_same_layout_from_a_gc_callback_inside_a_device_call(reports):
     checks = _finished(reports, "same_layout_from_a_gc_callback")
     assert checks["bits"] and checks["nested"] > 0, checks
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "core defect: release_cached() holds _aclnn._thread_streams_lock (a non-reentrant threading.Lock) while "
-    "it lists the one-shot streams (list() over a WeakSet allocates: a collection can start there); a gc "
-    "callback that calls release_cached() (a hook that frees device caches when Python collects) waits for "
-    "the lock its own thread holds: the thread deadlocks, and so does every later release_cached()"))
 def test_release_cached_from_a_gc_callback_inside_release_cached(reports):
     checks = _finished(reports, "release_cached_from_a_gc_callback_inside_release_cached")
     assert checks["nested"] > 0, checks
