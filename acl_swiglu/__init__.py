@@ -1,12 +1,13 @@
 """acl-swiglu: Ascend's aclnnSwigluGroupQuantGrad (SwiGLU backward with MoE weights, clamp and
-group truncation) from Python, on a real CANN install or on the bundled CPU emulator.
+group truncation) and aclnnSwigluGroupQuant (the forward, with FP8/FP4 quantisation) from Python,
+on a real CANN install or on the bundled CPU emulator.
 
 Importing loads nothing; the libraries are found and loaded on first use (see backend_info()).
 """
 
 from typing import TYPE_CHECKING, Any
 
-from . import emulator, reference
+from . import emulator, formats, reference
 from ._dtypes import bfloat16_dtype
 from ._loader import BackendInfo, abi_revision, backend_info
 from .errors import (
@@ -31,6 +32,7 @@ from .op import (
     swiglu_group_quant_grad,
     swiglu_group_quant_grad_device,
 )
+from .forward import SwigluGroupQuantPlan, swiglu_group_quant, swiglu_group_quant_device
 from ._device import DeviceArray, DeviceBuffer, Stream, default_stream, to_device
 from .runtime import set_device, synchronize_device
 
@@ -49,10 +51,10 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
-    "emulator", "reference",
+    "emulator", "formats", "reference",
     "AclError", "AclInternalError", "AclParameterError", "AclResourceError", "AclRuntimeFailure", "AclSwigluError", "AclSwigluWarning",
     "ArgumentError", "BackendInfo", "ConfigurationError", "DeviceArray", "DeviceBuffer", "Executor",
-    "HandleClosedError", "HostMemoryError", "LibraryNotFoundError", "Stream", "SwigluGroupQuantGradPlan", "abi_revision",
-    "backend_info", "bfloat16", "default_stream", "get_workspace_size", "release_cached", "set_device", "swiglu_group_quant_grad",
+    "HandleClosedError", "HostMemoryError", "LibraryNotFoundError", "Stream", "SwigluGroupQuantGradPlan", "SwigluGroupQuantPlan", "abi_revision",
+    "backend_info", "bfloat16", "default_stream", "get_workspace_size", "release_cached", "set_device", "swiglu_group_quant", "swiglu_group_quant_device", "swiglu_group_quant_grad",
     "swiglu_group_quant_grad_device", "synchronize_device", "to_device",
 ]

@@ -15,7 +15,7 @@ import threading
 import weakref
 from collections import OrderedDict
 from threading import get_ident
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -23,9 +23,10 @@ from . import _ffi
 from ._arena import ArenaLayout, arena_layout, helper_api, host_address, raise_failure
 from ._device import DeviceArray, Stream, default_stream, lives_of, order_launch, record_launch
 from ._operator import (Executor, Operator, OperatorDescription, Signature, check_open, device_arrays, host_lists,
-                        layout_key, stream_argument)
+                        layout_key, preset_outputs, stream_argument, views_of)
 from ._plan import Binding, raise_launch_failure
 from .errors import ArgumentError, HostMemoryError
+from .tensor import TensorView
 from .runtime import Use, at_fork_in_child, current_device, free_collected, in_forked_child, state
 
 _operators: "weakref.WeakSet[Operator]" = weakref.WeakSet()
@@ -129,7 +130,8 @@ def _one_shot_layout(operator: Operator, signature: Signature, values: List[Any]
         description = operator.description
         problem = description.validate(dict(zip(operator.argument_names, values)), signature.revision, False)
         entry = _OneShotLayout(problem, signature.pack_scalars(description.scalars(problem, signature.revision)),
-                               arena_layout(operator, signature, values, problem.outputs))
+                               arena_layout(operator, signature, values, problem.outputs, views_of(problem),
+                                            preset_outputs(problem)))
         if key is not None:
             with state.lock:
                 if len(operator.one_shots) >= _KEPT:
@@ -153,9 +155,9 @@ def one_shot(operator: Operator, given: Dict[str, Any]) -> Dict[str, np.ndarray]
     description.guard(layout.problem, given, signature.revision)
     arena = layout.arena
     results = []
-    for name, shape, dtype in arena.outputs:
+    for name, shape, dtype, preset in arena.outputs:
         try:
-            results.append(np.empty(shape, dtype))
+            results.append(np.zeros(shape, dtype) if preset else np.empty(shape, dtype))
         except MemoryError:
             raise HostMemoryError(f"the result {name} has shape {shape}: it needs "
                                   f"{math.prod(shape) * dtype.itemsize} bytes, more than this host can allocate") from None
@@ -213,6 +215,7 @@ class _DeviceLayout(NamedTuple):
     inputs: Tuple[str, ...]    # the arrays the call reads
     outputs: Tuple[str, ...]   # the arrays it writes
     key: Optional[Tuple[Any, ...]]
+    preset: Tuple[str, ...]    # the outputs made zeroed (the operator may leave parts unwritten)
 
 
 def _device_layout(operator: Operator, signature: Signature, values: List[Any]) -> _DeviceLayout:
@@ -227,7 +230,8 @@ def _device_layout(operator: Operator, signature: Signature, values: List[Any]) 
                         if arguments.get(name) is None)
         entry = _DeviceLayout(problem, tuple(description.scalars(problem, signature.revision)), given, missing,
                               tuple(name for name in given if name not in signature.output_names),
-                              tuple(name for name in signature.output_names if name in problem.outputs), key)
+                              tuple(name for name in signature.output_names if name in problem.outputs), key,
+                              tuple(preset_outputs(problem)))
         if key is not None:
             with state.lock:
                 if len(operator.device_layouts) >= _KEPT:
@@ -253,7 +257,7 @@ def device_call(operator: Operator, given: Dict[str, Any], stream: Optional[Stre
     made: List[DeviceArray] = []
     try:
         for name, shape, dtype in layout.missing:
-            made.append(DeviceArray.empty(shape, dtype))
+            made.append(DeviceArray.zeros(shape, dtype) if name in layout.preset else DeviceArray.empty(shape, dtype))
             arrays[name] = made[-1]
         hosts = host_lists(operator, signature, given)
         key = (layout.key or tuple(a._layout_id for a in arrays.values()), current_device(),
@@ -278,12 +282,13 @@ def _launch_kept(operator: Operator, signature: Signature, key: Tuple[Any, ...],
         if not use.take():
             check_open(arrays)
             stream.check_open("stream")
-        binding = _binding(operator, signature, key, arrays, hosts, layout.scalars)
+        views = views_of(layout.problem)
+        binding = _binding(operator, signature, key, arrays, hosts, layout.scalars, views)
         while not use.add(binding._life):   # (dropped by release_cached() or evicted meanwhile)
-            binding = _binding(operator, signature, key, arrays, hosts, layout.scalars)
+            binding = _binding(operator, signature, key, arrays, hosts, layout.scalars, views)
         if binding.owner == get_ident():
             # A call from code run inside a call of this executor (a gc callback): its own executor.
-            binding = Binding(operator, signature, arrays, hosts, layout.scalars)
+            binding = Binding(operator, signature, arrays, hosts, layout.scalars, views)
             use.add(binding._life)
             binding.close()   # (freed when this call lets go, after the stream is past it)
         with binding.lock:
@@ -316,7 +321,7 @@ def _launch_locked(operator: Operator, binding: Binding, arrays: Dict[str, Devic
 
 
 def _binding(operator: Operator, signature: Signature, key: Tuple[Any, ...], arrays: Dict[str, DeviceArray],
-             hosts: Dict[str, np.ndarray], scalars: Tuple[Any, ...]) -> Binding:
+             hosts: Dict[str, np.ndarray], scalars: Tuple[Any, ...], views: Mapping[str, TensorView]) -> Binding:
     """The kept executor of this key, or a new one (the oldest kept one goes)."""
     bindings: "OrderedDict[Tuple[Any, ...], Binding]" = operator.bindings
     with state.lock:
@@ -324,7 +329,7 @@ def _binding(operator: Operator, signature: Signature, key: Tuple[Any, ...], arr
         if binding is not None and not binding.closed:
             bindings.move_to_end(key)
             return binding
-    binding = Binding(operator, signature, arrays, hosts, scalars)
+    binding = Binding(operator, signature, arrays, hosts, scalars, views)
     with state.lock:
         bindings[key] = binding
         evicted = bindings.popitem(last=False)[1] if len(bindings) > _BINDINGS_KEPT else None
@@ -345,4 +350,4 @@ def workspace_size(operator: Operator, arguments: Dict[str, Any]) -> Executor:
     arrays = device_arrays(signature, arguments)
     check_open(arrays)
     return Executor(operator, signature, arrays, host_lists(operator, signature, arguments),
-                    operator.description.scalars(problem, signature.revision))
+                    operator.description.scalars(problem, signature.revision), views_of(problem))

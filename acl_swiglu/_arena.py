@@ -13,7 +13,7 @@ import ctypes
 import math
 import struct
 from types import SimpleNamespace
-from typing import Any, Dict, List, NamedTuple, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, NamedTuple, Sequence, Tuple
 
 import numpy as np
 
@@ -21,9 +21,11 @@ from . import _ffi
 from ._device import contiguous_strides, element_span, host_element_strides
 from ._dtypes import acl_dtype
 from ._operator import HOST_INTS, OUTPUT, Operator, Signature
+from .tensor import TensorView, tensor_geometry
 
 ALIGNMENT = 64   # CANN wants 32-byte aligned tensor addresses
 _ABSENT, _FIRST_HOST_LIST = -1, -2
+_ARRAY_INPUT, _ARRAY_OUTPUT, _ARRAY_OUTPUT_PRESET = 0, 1, 2   # one_shot_array.is_output
 
 # binding/one_shot.c's one_shot_step, as the call each one names (the operator's own phases are
 # named by the caller, with the operator's argument names).
@@ -92,7 +94,7 @@ class ArenaLayout(NamedTuple):
     reference: Any          # a byref of it, made once
     keep: Tuple[Any, ...]   # the C arrays the layout points into
     inputs: Tuple[Tuple[int, bool], ...]   # per input array: its argument position, copy in C order first?
-    outputs: Tuple[Tuple[str, Tuple[int, ...], np.dtype], ...]
+    outputs: Tuple[Tuple[str, Tuple[int, ...], np.dtype, bool], ...]   # name, shape, dtype, preset (zeroed)
     names: Tuple[str, ...]       # the outputs' names
     host_lists: Tuple[int, ...]   # the argument position of each host-ints argument given
     addresses: struct.Struct     # one uint64 per array
@@ -104,8 +106,11 @@ def _int64s(values: Sequence[int]) -> "ctypes.Array[ctypes.c_int64]":
 
 
 def arena_layout(operator: Operator, signature: Signature, values: Sequence[Any],
-                 outputs: Dict[str, Tuple[Tuple[int, ...], np.dtype]]) -> ArenaLayout:
-    """Places the given input arrays, then the outputs the call computes."""
+                 outputs: Dict[str, Tuple[Tuple[int, ...], np.dtype]], views: Mapping[str, TensorView],
+                 preset: Sequence[str] = ()) -> ArenaLayout:
+    """Places the given input arrays, then the outputs the call computes (each seen through its
+    view, if it has one); the `preset` outputs are copied in from their (zeroed) host arrays
+    first, since the operator may leave parts of them unwritten."""
     names = operator.argument_names
     arrays: List[_Array] = []
     keep: List[Any] = []
@@ -113,7 +118,7 @@ def arena_layout(operator: Operator, signature: Signature, values: Sequence[Any]
     inputs: List[Tuple[int, bool]] = []
     size = 0
 
-    def place(shape: Tuple[int, ...], dtype: np.dtype, strides: Tuple[int, ...], is_output: bool) -> None:
+    def place(name: str, shape: Tuple[int, ...], dtype: np.dtype, strides: Tuple[int, ...], is_output: int) -> None:
         nonlocal size
         count = math.prod(shape)
         span = element_span(shape, strides) if count else 0
@@ -122,10 +127,12 @@ def arena_layout(operator: Operator, signature: Signature, values: Sequence[Any]
         if count:
             offset = size
             size += (nbytes + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
-        dims, steps = _int64s(shape), _int64s(strides)
+        view = views.get(name)
+        tensor_dims, tensor_strides, _, per_item = tensor_geometry(shape, strides, 0, view)
+        dims, steps = _int64s(tensor_dims), _int64s(tensor_strides)
         keep.extend((dims, steps))
-        arrays.append(_Array(ctypes.addressof(dims), ctypes.addressof(steps), len(shape), span, offset, nbytes,
-                             acl_dtype(dtype), is_output))
+        arrays.append(_Array(ctypes.addressof(dims), ctypes.addressof(steps), len(shape), span * per_item, offset,
+                             nbytes, acl_dtype(dtype) if view is None else view.dtype, is_output))
 
     for param in signature.handles:
         if param.kind == OUTPUT or param.kind == HOST_INTS:
@@ -136,16 +143,18 @@ def arena_layout(operator: Operator, signature: Signature, values: Sequence[Any]
             continue
         strides = host_element_strides(array) if array.size else contiguous_strides(array.shape)
         restage = strides is None
-        place(array.shape, array.dtype, contiguous_strides(array.shape) if strides is None else strides, False)
+        place(param.name, array.shape, array.dtype, contiguous_strides(array.shape) if strides is None else strides,
+              _ARRAY_INPUT)
         index_of[param.name] = len(arrays) - 1
         inputs.append((position, restage))
     placed_outputs = []
     for name in signature.output_names:
         if name in outputs:
             shape, dtype = outputs[name]
-            place(tuple(shape), np.dtype(dtype), contiguous_strides(shape), True)
+            place(name, tuple(shape), np.dtype(dtype), contiguous_strides(shape),
+                  _ARRAY_OUTPUT_PRESET if name in preset else _ARRAY_OUTPUT)
             index_of[name] = len(arrays) - 1
-            placed_outputs.append((name, tuple(shape), np.dtype(dtype)))
+            placed_outputs.append((name, tuple(shape), np.dtype(dtype), name in preset))
     host_positions: List[int] = []
     handles: List[int] = []
     for param in signature.handles:
@@ -162,7 +171,7 @@ def arena_layout(operator: Operator, signature: Signature, values: Sequence[Any]
     layout = _Layout(ctypes.addressof(table), len(arrays), len(handles), ctypes.addressof(handle_table),
                      len(host_positions), size)
     return ArenaLayout(layout, ctypes.byref(layout), (table, handle_table, *keep), tuple(inputs),
-                       tuple(placed_outputs), tuple(name for name, _, _ in placed_outputs), tuple(host_positions),
+                       tuple(placed_outputs), tuple(name for name, _, _, _ in placed_outputs), tuple(host_positions),
                        struct.Struct(f"<{len(arrays)}Q"), [0])
 
 

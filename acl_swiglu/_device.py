@@ -449,6 +449,18 @@ class DeviceArray:
         return cls(DeviceBuffer(nbytes) if nbytes else None, shape, dtype)
 
     @classmethod
+    def zeros(cls, shape: Sequence[int], dtype: npt.DTypeLike) -> "DeviceArray":
+        """Fresh C-contiguous device memory, zeroed (aclrtMemset, synchronous)."""
+        array = cls.empty(shape, dtype)
+        try:
+            if array.buffer is not None:
+                runtime_api().aclrtMemset(array.buffer.ptr, array.buffer.nbytes, 0, array.buffer.nbytes)
+        except BaseException:
+            array.close()
+            raise
+        return array
+
+    @classmethod
     def wrap(cls, ptr: int, shape: Sequence[int], dtype: npt.DTypeLike, strides: Optional[Sequence[int]] = None,
              offset: int = 0, nbytes: Optional[int] = None) -> "DeviceArray":
         """Borrows a foreign device pointer described by shape/dtype/strides/offset (elements)."""

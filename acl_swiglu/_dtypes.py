@@ -46,6 +46,19 @@ def is_bfloat16(dtype: np.dtype) -> bool:
     return dtype.name == "bfloat16" and dtype == bfloat16_dtype()
 
 
+# ml_dtypes' types an aclTensor can describe, by name: checked against ml_dtypes only for a dtype
+# of one of these names (whose maker imported ml_dtypes already).
+_ML_CODES = {"bfloat16": 27, "float8_e5m2": 35, "float8_e4m3fn": 36, "float8_e8m0fnu": 37}
+
+
+def _ml_code(dtype: np.dtype) -> Optional[int]:
+    code = _ML_CODES.get(dtype.name)
+    if code is None:
+        return None
+    import ml_dtypes
+    return code if dtype == np.dtype(getattr(ml_dtypes, dtype.name)) else None
+
+
 # Every NumPy dtype an aclTensor can describe (aclDataType, SPEC section 2): what a device
 # array may hold. Each operator then accepts its own few. None stands for bfloat16.
 _ACL_CODES: Tuple[Tuple[Optional[np.dtype], int], ...] = (
@@ -82,19 +95,20 @@ def acl_dtype(dtype: DTypeLike) -> int:
     dtype = as_dtype(dtype)
     code = _TO_ACL.get(dtype)
     if code is None:
-        if not is_bfloat16(dtype):
+        code = _ml_code(dtype)
+        if code is None:
             raise KeyError(dtype)
-        code = ACL_BF16
     return code
 
 
 def is_device_dtype(dtype: np.dtype) -> bool:
     """True for the dtypes an aclTensor can describe (device arrays hold only these)."""
-    return (dtype in _TO_ACL or is_bfloat16(dtype)) and dtype.isnative
+    return (dtype in _TO_ACL or _ml_code(dtype) is not None) and dtype.isnative
 
 
 def allowed_dtype_text() -> str:
-    return ", ".join("bfloat16" if d is None else dtype_name(d) for d, _ in _ACL_CODES)
+    return ", ".join(["bfloat16" if d is None else dtype_name(d) for d, _ in _ACL_CODES] +
+                     ["float8_e5m2", "float8_e4m3fn", "float8_e8m0fnu"])
 
 
 def dtype_name(dtype: DTypeLike) -> str:

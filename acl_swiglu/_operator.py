@@ -22,7 +22,7 @@ from . import _ffi
 from ._device import DeviceArray, DeviceBuffer, Stream, default_stream, lives_of, order_launch, record_launch
 from .errors import ArgumentError, HandleClosedError
 from .runtime import Owned, Use, current_device, runtime_api, state
-from .tensor import AclIntArray, AclTensor
+from .tensor import AclIntArray, AclTensor, TensorView
 
 # Kinds of C parameter: handles (a tensor the call reads, one it writes, host int64 values as an
 # aclIntArray read at phase 1) and scalars.
@@ -49,12 +49,21 @@ class Revision(NamedTuple):
     rules: object               # handed to the operator's validation
 
 
+def _no_host_values(name: str, value: Any) -> np.ndarray:
+    raise TypeError(f"{name} takes no host values")
+
+
+def _no_guard(problem: Any, arguments: Mapping[str, Any], revision: Revision) -> bool:
+    return False
+
+
 class OperatorDescription(NamedTuple):
     """An aclnn operator, for the generic layer.
 
     ``validate(arguments, revision, device)`` checks a call's arrays and scalars (device: device
     arrays, else NumPy arrays) and returns a problem whose ``outputs`` maps each output the call
-    computes to its (shape, dtype); it raises ArgumentError naming the argument and the rule. Its
+    computes to its (shape, dtype) (and may give ``views``, see views_of, and ``preset``, see
+    preset_outputs); it raises ArgumentError naming the argument and the rule. Its
     result is reused for arguments of the same layout (types, shapes, dtypes, strides, scalar
     values). ``guard(problem, arguments, revision)`` checks what depends on the arrays' contents
     (a release known to hang on some values): it runs on every call, and says whether what it
@@ -72,8 +81,8 @@ class OperatorDescription(NamedTuple):
     revision: Callable[[], int]
     validate: Callable[[Mapping[str, Any], Revision, bool], Any]
     scalars: Callable[[Any, Revision], Tuple[Any, ...]]
-    host_values: Callable[[str, Any], np.ndarray]
-    guard: Callable[[Any, Mapping[str, Any], Revision], bool]
+    host_values: Callable[[str, Any], np.ndarray] = _no_host_values   # (operators without host-ints parameters)
+    guard: Callable[[Any, Mapping[str, Any], Revision], bool] = _no_guard   # (operators no release hangs on)
 
 
 class Signature:
@@ -114,7 +123,7 @@ class Signature:
         return self.scalar_struct.pack(*scalars)
 
 
-_KEY_SCALARS = (float, int, bool)
+_KEY_SCALARS = (float, int, bool, str)
 _PROBLEMS_KEPT = 256
 
 
@@ -251,11 +260,26 @@ def host_lists(operator: Operator, signature: Signature, arguments: Mapping[str,
     return {name: describe(name, arguments[name]) for name in signature.host_names if arguments.get(name) is not None}
 
 
+def views_of(problem: Any) -> Mapping[str, TensorView]:
+    """How the operator sees each array whose NumPy dtype is not its aclDataType (FP4 codes packed
+    in bytes, say): the problem's ``views``, when its validation gives them."""
+    views: Mapping[str, TensorView] = getattr(problem, "views", None) or {}
+    return views
+
+
+def preset_outputs(problem: Any) -> Tuple[str, ...]:
+    """The outputs the operator may leave partly unwritten (rows past a truncation, say): the ones
+    the layer allocates start zeroed. The problem's ``preset``, when its validation gives it."""
+    preset: Tuple[str, ...] = getattr(problem, "preset", None) or ()
+    return preset
+
+
 def make_executor(owner: Owned, operator: Operator, signature: Signature, arrays: Mapping[str, DeviceArray],
-                  host_values: Mapping[str, np.ndarray], scalars: Sequence[Any]) -> Tuple[Dict[str, AclTensor], int]:
-    """Phase 1 on tensors made for these arrays (and int arrays of these host values): the
-    executor is owned by `owner` from the moment phase 1 writes it, and destroyed before its
-    tensors. Returns the tensors and the workspace size."""
+                  host_values: Mapping[str, np.ndarray], scalars: Sequence[Any],
+                  views: Mapping[str, TensorView]) -> Tuple[Dict[str, AclTensor], int]:
+    """Phase 1 on tensors made for these arrays (seen through `views`; and int arrays of these
+    host values): the executor is owned by `owner` from the moment phase 1 writes it, and
+    destroyed before its tensors. Returns the tensors and the workspace size."""
     api = operator.api()
     tensors: Dict[str, AclTensor] = {}
     raw_destroy: Callable[[Any], int] = api.raw.aclDestroyAclOpExecutor
@@ -270,7 +294,7 @@ def make_executor(owner: Owned, operator: Operator, signature: Signature, arrays
     owner._prepare(destroy, handle, current_device())
     try:
         for name, array in arrays.items():
-            tensors[name] = AclTensor(array)
+            tensors[name] = AclTensor(array, views.get(name))
         lists: Dict[str, AclIntArray] = {}
         try:
             for name, values in host_values.items():
@@ -300,7 +324,8 @@ class Executor(Owned):
     _kind = "Executor"
 
     def __init__(self, operator: Operator, signature: Signature, arrays: Dict[str, DeviceArray],
-                 host_values: Mapping[str, np.ndarray], scalars: Sequence[Any]) -> None:
+                 host_values: Mapping[str, np.ndarray], scalars: Sequence[Any],
+                 views: Mapping[str, TensorView]) -> None:
         super().__init__()
         self.workspace_size = 0
         self.repeatable = False
@@ -316,7 +341,7 @@ class Executor(Owned):
             if not self._hold.take():
                 check_open(self._arrays)
             self._tensors, self.workspace_size = make_executor(self, operator, signature, arrays, host_values,
-                                                               scalars)
+                                                               scalars, views)
         except BaseException:
             self.close()
             raise

@@ -20,10 +20,11 @@ import numpy as np
 
 from . import _ffi
 from ._device import DeviceArray, DeviceBuffer, Stream, lives_of, order_launch, record_launch
-from ._operator import Operator, Signature, check_open, device_arrays, host_lists, make_executor, stream_argument
+from ._operator import (Operator, Signature, check_open, device_arrays, host_lists, make_executor, preset_outputs,
+                        stream_argument, views_of)
 from .errors import ArgumentError, HandleClosedError
 from .runtime import Owned, Use, at_fork_in_child, in_forked_child, runtime_api, state
-from .tensor import AclTensor
+from .tensor import AclTensor, TensorView
 
 
 class _Launch(ctypes.Structure):
@@ -53,14 +54,17 @@ class Binding(Owned):
     _kind = "plan executor"
 
     def __init__(self, operator: Operator, signature: Signature, arrays: Mapping[str, DeviceArray],
-                 host_values: Mapping[str, np.ndarray], scalars: Sequence[Any]) -> None:
+                 host_values: Mapping[str, np.ndarray], scalars: Sequence[Any],
+                 views: Mapping[str, TensorView]) -> None:
         super().__init__()
         self.lock = threading.Lock()
         self.owner: Optional[int] = None   # the thread whose call holds the lock
         self.operator = operator
         self.tensors: Dict[str, AclTensor] = {}
         try:
-            self.tensors, self.workspace_size = make_executor(self, operator, signature, arrays, host_values, scalars)
+            self.tensors, self.workspace_size = make_executor(self, operator, signature, arrays, host_values, scalars,
+                                                              views)
+            self.views = views
             api = operator.api()
             api.aclSetAclOpExecutorRepeatable(self._life.handle)
             self._set_up(api, operator, signature, arrays, host_values)
@@ -164,7 +168,8 @@ class Plan:
             guarded = operator.description.guard(problem, arguments, signature.revision)
             for name, (shape, dtype) in problem.outputs.items():
                 if arguments.get(name) is None:
-                    arguments[name] = DeviceArray.empty(shape, dtype)
+                    arguments[name] = DeviceArray.zeros(shape, dtype) if name in preset_outputs(problem) else \
+                        DeviceArray.empty(shape, dtype)
                     self._owned_outputs.append(arguments[name])
             self._arrays = device_arrays(signature, arguments)
             check_open(self._arrays)
@@ -174,8 +179,8 @@ class Plan:
             self._guarded = guarded
             scalars = operator.description.scalars(problem, signature.revision)
             self._scalars = scalars
-            binding = self._binding = Binding(operator, signature, self._arrays, host_lists(operator, signature,
-                                                                                            arguments), scalars)
+            binding = self._binding = Binding(operator, signature, self._arrays,
+                                              host_lists(operator, signature, arguments), scalars, views_of(problem))
             if binding.workspace_size:
                 self._workspace = DeviceBuffer(binding.workspace_size)
                 self._use.add(self._workspace._life)
@@ -332,7 +337,7 @@ class Plan:
     def _regroup(self, arrays: Mapping[str, DeviceArray], hosts: Mapping[str, np.ndarray]) -> None:
         """New host values are read at phase 1: a new executor. The plan switches to it only once
         it exists (and fits the plan's workspace), so a failure leaves the old one in use."""
-        binding = Binding(self._operator, self._signature, arrays, hosts, self._scalars)
+        binding = Binding(self._operator, self._signature, arrays, hosts, self._scalars, views_of(self._problem))
         if binding.workspace_size > (0 if self._workspace is None else self._workspace.nbytes):
             binding.close()
             raise ArgumentError(f"the new {', '.join(hosts)} need a larger workspace; build another plan")

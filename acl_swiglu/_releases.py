@@ -165,12 +165,13 @@ class Release(NamedTuple):
     weight_needs_rank: bool         # weight must have grad_y's rank with last dim 1
     clamp_off_band: bool            # |c + 1| <= 1e-6 (fp32) is "off", not only c == -1
     driver: Optional[str]           # the driver the release notes pair it with, where they say
+    quant_counts_overread: bool = False   # aclnnSwigluGroupQuant sums G counts past their end (G mod 128 >= 97)
 
 
 #: Every release that ships the operator, oldest first.
 RELEASES: Dict[str, Release] = {r.name: r for r in (
-    Release("9.1.0", "9.1.0", True, True, True, True, False, None),
-    Release("9.1.1", "9.1.0", True, True, True, True, False, "26.1.1"),          # no fix known: as 9.1.0
+    Release("9.1.0", "9.1.0", True, True, True, True, False, None, True),
+    Release("9.1.1", "9.1.0", True, True, True, True, False, "26.1.1", True),    # no fix known: as 9.1.0
     Release("9.2.0-beta.1", "9.1.0", True, True, True, False, False, None),
     Release("9.2.0-beta.2", "current", False, False, False, False, False, None),
     Release("9.2.0", "current", False, False, False, False, True, "26.2.RC1"),
@@ -266,6 +267,13 @@ def guard_active() -> bool:
     """Whether the loaded CANN's release is one that a group_index can hang: then calls check
     the counts' values every time."""
     return is_affected(_installed_release)
+
+
+def quant_counts_overread() -> Optional[str]:
+    """The loaded CANN's version when its aclnnSwigluGroupQuant sums group counts past their end
+    for some G (the forward refuses those G), else None."""
+    info = release_info(_installed_release)
+    return _installed_release if info is not None and info.quant_counts_overread else None
 
 
 def check_trunc(trunc: int, tokens: int, *, version: Union[Optional[str], _Unset] = _UNSET,

@@ -3,13 +3,33 @@
 from __future__ import annotations
 
 import ctypes
-from typing import Sequence, Union
+from typing import NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from ._device import DeviceArray
 from ._dtypes import ACL_FORMAT_ND, acl_dtype
 from .runtime import Owned, runtime_api
+
+
+class TensorView(NamedTuple):
+    """How an operator's parameter sees an array whose NumPy dtype is not its aclDataType: the
+    aclDataType, and how many of its elements each item of the array packs along the last dim
+    (FLOAT4 codes, two to a byte: 2)."""
+
+    dtype: int
+    per_item: int = 1
+
+
+def tensor_geometry(shape: Sequence[int], strides: Sequence[int], offset: int,
+                    view: Optional[TensorView]) -> Tuple[Tuple[int, ...], Tuple[int, ...], int, int]:
+    """(dims, strides, offset, per_item) of the aclTensor over an array seen through `view`:
+    with items of k elements, the last dim and every other stride count k times more, and the
+    last dim's elements are contiguous within an item."""
+    k = 1 if view is None else view.per_item
+    if k == 1 or not shape:
+        return tuple(shape), tuple(strides), offset, 1
+    return (tuple(shape[:-1]) + (shape[-1] * k,), tuple(s * k for s in strides[:-1]) + (1,), offset * k, k)
 
 
 class AclTensor(Owned):
@@ -22,19 +42,20 @@ class AclTensor(Owned):
 
     _kind = "AclTensor"
 
-    def __init__(self, array: DeviceArray):
+    def __init__(self, array: DeviceArray, view: Optional[TensorView] = None):
         super().__init__()
         api = runtime_api()
         ndim = len(array.shape)
-        dims = (ctypes.c_int64 * max(ndim, 1))(*array.shape)
-        strides = (ctypes.c_int64 * max(ndim, 1))(*array.strides)
+        shape, steps, offset, k = tensor_geometry(array.shape, array.strides, array.offset, view)
+        dims = (ctypes.c_int64 * max(ndim, 1))(*shape)
+        strides = (ctypes.c_int64 * max(ndim, 1))(*steps)
         storage_numel = array.last_index + 1 if array.size else 0
         if array.buffer is not None and not array.buffer.closed:
             storage_numel = max(storage_numel, array.buffer.nbytes // array.dtype.itemsize)
-        storage = (ctypes.c_int64 * 1)(storage_numel)
-        dtype, data = acl_dtype(array.dtype), array.ptr or None
+        storage = (ctypes.c_int64 * 1)(storage_numel * k)
+        dtype, data = acl_dtype(array.dtype) if view is None else view.dtype, array.ptr or None
         life = self._prepare(api.raw.aclDestroyTensor)
-        life.handle = api.aclCreateTensor(dims, ndim, dtype, strides, array.offset, ACL_FORMAT_ND, storage, 1, data)
+        life.handle = api.aclCreateTensor(dims, ndim, dtype, strides, offset, ACL_FORMAT_ND, storage, 1, data)
         self.address = ctypes.cast(life.handle, ctypes.c_void_p)   # for unprototyped calls
 
 

@@ -51,8 +51,12 @@ typedef struct {
     int64_t offset;          /* byte offset in the arena; -1 for an empty array (no memory) */
     uint64_t nbytes;         /* bytes copied in (inputs) or out (outputs) */
     int32_t dtype;
-    int32_t is_output;
+    int32_t is_output;       /* an ARRAY_* kind */
 } one_shot_array;
+
+/* one_shot_array.is_output: an input (copied in), an output (copied out), or an output the
+ * operator may leave partly unwritten (copied in first, from the caller's zeroed host array). */
+enum { ARRAY_INPUT = 0, ARRAY_OUTPUT = 1, ARRAY_OUTPUT_PRESET = 2 };
 
 typedef struct {
     const one_shot_array *arrays;
@@ -155,7 +159,7 @@ static int32_t make_everything(one_shot_state *state, const one_shot_layout *lay
         const one_shot_array *array = &layout->arrays[i];
         void *device = address_in(state, array);
         const void *host = (const void *)(uintptr_t)hosts[i];
-        if (!array->is_output && device != NULL && host != NULL && array->nbytes != 0) {
+        if (array->is_output != ARRAY_OUTPUT && device != NULL && host != NULL && array->nbytes != 0) {
             int status = api->copy(device, (size_t)array->nbytes, host, (size_t)array->nbytes,
                                    ACL_MEMCPY_HOST_TO_DEVICE);
             if (status != 0) return fail(state, status, STEP_COPY_IN, i);
@@ -240,7 +244,7 @@ HELPER_EXPORT int32_t acl_swiglu_one_shot(const one_shot_api *api, const one_sho
             const one_shot_array *array = &layout->arrays[i];
             void *device = address_in(&state, array);
             void *host = (void *)(uintptr_t)hosts[i];
-            if (array->is_output && device != NULL && host != NULL && array->nbytes != 0) {
+            if (array->is_output != ARRAY_INPUT && device != NULL && host != NULL && array->nbytes != 0) {
                 int copied = api->copy(host, (size_t)array->nbytes, device, (size_t)array->nbytes,
                                        ACL_MEMCPY_DEVICE_TO_HOST);
                 if (copied != 0) fail(&state, copied, STEP_COPY_OUT, i);

@@ -49,6 +49,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 import device_model  # noqa: E402
+import forward_model  # noqa: E402
 
 import acl_swiglu  # noqa: E402
 from acl_swiglu import _ffi, emulator, errors, reference  # noqa: E402
@@ -62,6 +63,8 @@ DTYPE_IDS = {F32: "fp32", F16: "fp16", BF16: "bf16"}
 
 PHASE1 = "aclnnSwigluGroupQuantGradGetWorkspaceSize"
 PHASE2 = "aclnnSwigluGroupQuantGrad"
+FORWARD_PHASE1 = "aclnnSwigluGroupQuantGetWorkspaceSize"
+FORWARD_PHASE2 = "aclnnSwigluGroupQuant"
 
 # Every ACL function the package declares (the package's own helper is not ACL: the emulator
 # cannot fail its calls, only the ACL calls it makes).
@@ -101,6 +104,8 @@ CODES: Dict[str, Tuple[int, ...]] = {
     "aclrtGetDeviceInfo": (107001,),
     PHASE1: (561002, 161002),                # ACLNN_ERR_INNER_TILING_ERROR / PARAM_INVALID
     PHASE2: (161002, 561002),
+    FORWARD_PHASE1: (561002, 161002),
+    FORWARD_PHASE2: (161002, 561002),
 }
 
 # Calls the binding makes without checking the status, on purpose: destroy/free in
@@ -119,7 +124,7 @@ KIND_OF_DESTROYER = {"aclDestroyTensor": "tensor", "aclDestroyIntArray": "int_ar
                      "aclrtFree": "allocation"}
 
 # Declared but never called by the binding (only by users through _ffi, or not at all).
-NEVER_CALLED = {"aclrtGetDeviceCount", "aclrtMemcpyAsync", "aclrtMemset", "aclSetRawTensorAddr", "aclsysGetCANNVersion",
+NEVER_CALLED = {"aclrtGetDeviceCount", "aclrtMemcpyAsync", "aclSetRawTensorAddr", "aclsysGetCANNVersion",
                 "aclGetDeviceCapability", "aclrtGetDeviceInfo"}
 # Declared, called, but with no status to fail (the emulator has no fault hook in it).
 NOT_INJECTABLE = {"aclGetRecentErrMsg"}
@@ -142,7 +147,7 @@ def bits(a: Optional[np.ndarray]) -> Optional[np.ndarray]:
     if a is None:
         return None
     a = np.ascontiguousarray(a)
-    return a.view({2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize])
+    return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize])
 
 
 def same_bits(got, want) -> bool:
@@ -490,6 +495,59 @@ class NewThread(Scenario):
         return model(self.case, GROUPS_A)
 
 
+class Forward(Scenario):
+    """The forward operator's three forms: a one-shot call (FP8 codes, fp32 scales), a
+    device-level call (MX FP4), and a plan built, called and closed (MX FP8), all with group
+    truncation: the outputs the layer allocates start zeroed past it."""
+
+    def __init__(self, form: str):
+        self.form = form
+        self.name = f"forward-{form}"
+        self.owns_nothing = form == "one-shot"
+        rng = np.random.default_rng({"one-shot": 90, "device": 91, "plan": 92}[form])
+        self.x = rng.uniform(-4, 4, ROWS_LEAD + (512,)).astype(BF16 if form == "plan" else F16)
+        self.weight = rng.uniform(0.25, 1.5, int(np.prod(ROWS_LEAD))).astype(np.float32)
+        self.dst, self.mode = {"one-shot": ("float8_e4m3fn", 0), "device": ("float4_e2m1fn", 1),
+                               "plan": ("float8_e5m2", 1)}[form]
+
+    def setup(self):
+        if self.form == "one-shot":
+            acl_swiglu.release_cached()
+
+    def run(self, ctx):
+        options = dict(dst_type=self.dst, quant_mode=self.mode, clamp_limit=CLAMP)
+        if self.form == "one-shot":
+            return acl_swiglu.swiglu_group_quant(self.x, self.weight, GROUPS_A, **options)
+        with ExitStack() as stack:
+            d = [stack.enter_context(acl_swiglu.to_device(a)) for a in (self.x, self.weight, GROUPS_A)]
+            if self.form == "device":
+                outputs = acl_swiglu.swiglu_group_quant_device(*d, **options)
+            else:
+                plan = stack.enter_context(acl_swiglu.SwigluGroupQuantPlan(*d, **options))
+                outputs = plan()
+            for output in outputs:
+                if self.form == "device":
+                    stack.enter_context(output)
+            stack.callback(quiet_sync, acl_swiglu.default_stream())
+            return tuple(output.to_numpy() for output in outputs)
+
+    def expected(self):
+        """The bit-exact model's bytes of y and y_scale (rows past the truncation zero)."""
+        code = {"float8_e4m3fn": 36, "float8_e5m2": 35, "float4_e2m1fn": 40}[self.dst]
+        y, scales = forward_model.forward(self.x, self.weight, GROUPS_A, dst=code, quant_mode=self.mode,
+                                          round_scale=self.mode == 1, clamp=CLAMP)
+        return y.reshape(-1), scales.view(np.uint8).reshape(-1)
+
+    def check(self, got):
+        want = self.expected()
+        if len(got) != len(want):
+            return f"{len(got)} results, expected {len(want)}"
+        for i, (g, w) in enumerate(zip(got, want)):
+            if not np.array_equal(np.ascontiguousarray(g).view(np.uint8).reshape(-1), w):
+                return f"result {i} has wrong bytes"
+        return None
+
+
 # ----------------------------------------------------------------------------- exploration
 
 
@@ -650,6 +708,7 @@ def scenarios():
         out.append(PlanCall(abi, own_stream=False))
     out.append(ReleaseCached())
     out.append(NewThread())
+    out.extend(Forward(form) for form in ("one-shot", "device", "plan"))
     return out
 
 
@@ -683,6 +742,12 @@ MUST_FIRE = {
     "release-cached": {"aclrtDestroyStream", "aclrtFree", "aclrtSynchronizeStream", "aclDestroyAclOpExecutor",
                        "aclDestroyTensor"},
     "new-thread": {"aclrtSetDevice"},
+    "forward-one-shot": {"aclrtMalloc", "aclrtMemcpy", "aclCreateTensor", FORWARD_PHASE1, FORWARD_PHASE2,
+                         "aclrtSynchronizeStream", "aclrtFree"},
+    "forward-device": {"aclrtMalloc", "aclrtMemset", "aclrtMemcpy", "aclCreateTensor", FORWARD_PHASE1,
+                       "aclSetAclOpExecutorRepeatable", FORWARD_PHASE2, "aclrtFree"},
+    "forward-plan": {"aclrtMalloc", "aclrtMemset", "aclCreateTensor", FORWARD_PHASE1, FORWARD_PHASE2,
+                     "aclDestroyAclOpExecutor", "aclDestroyTensor", "aclrtFree"},
 }
 
 
