@@ -216,6 +216,9 @@ class _DeviceLayout(NamedTuple):
     outputs: Tuple[str, ...]   # the arrays it writes
     key: Optional[Tuple[Any, ...]]
     preset: Tuple[str, ...]    # the outputs made zeroed (the operator may leave parts unwritten)
+    # Outputs of no elements not given (placeholders an operator requires): one each, with no
+    # memory, shared by every call of the layout.
+    placeholders: Mapping[str, DeviceArray]
 
 
 def _device_layout(operator: Operator, signature: Signature, values: List[Any]) -> _DeviceLayout:
@@ -226,12 +229,15 @@ def _device_layout(operator: Operator, signature: Signature, values: List[Any]) 
         arguments = dict(zip(operator.argument_names, values))
         problem = description.validate(arguments, signature.revision, True)
         given = tuple(name for name in signature.tensor_names if arguments.get(name) is not None)
-        missing = tuple((name, tuple(shape), np.dtype(dtype)) for name, (shape, dtype) in problem.outputs.items()
-                        if arguments.get(name) is None)
-        entry = _DeviceLayout(problem, tuple(description.scalars(problem, signature.revision)), given, missing,
+        made = [(name, tuple(shape), np.dtype(dtype)) for name, (shape, dtype) in problem.outputs.items()
+                if arguments.get(name) is None]
+        placeholders = {name: DeviceArray.empty(shape, dtype) for name, shape, dtype in made if not math.prod(shape)}
+        entry = _DeviceLayout(problem, tuple(description.scalars(problem, signature.revision)), given,
+                              tuple(m for m in made if m[0] not in placeholders),
                               tuple(name for name in given if name not in signature.output_names),
-                              tuple(name for name in signature.output_names if name in problem.outputs), key,
-                              tuple(preset_outputs(problem)))
+                              tuple(name for name in signature.output_names
+                                    if name in problem.outputs and name not in placeholders), key,
+                              tuple(preset_outputs(problem)), placeholders)
         if key is not None:
             with state.lock:
                 if len(operator.device_layouts) >= _KEPT:
@@ -254,6 +260,7 @@ def device_call(operator: Operator, given: Dict[str, Any], stream: Optional[Stre
     operator.description.guard(layout.problem, given, signature.revision)
     arrays = {name: given[name] for name in layout.given}
     check_open(arrays)   # (before anything is made)
+    arrays.update(layout.placeholders)
     made: List[DeviceArray] = []
     try:
         for name, shape, dtype in layout.missing:

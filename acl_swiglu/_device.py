@@ -495,6 +495,11 @@ class DeviceArray:
         return math.prod(self.shape)
 
     @property
+    def nbytes(self) -> int:
+        """Bytes of the elements the view holds (size x itemsize, as numpy.ndarray.nbytes)."""
+        return self.size * self.dtype.itemsize
+
+    @property
     def last_index(self) -> int:
         """Highest element index the view touches, offset included (-1 when empty)."""
         if self.size == 0:

@@ -51,12 +51,19 @@ def is_bfloat16(dtype: np.dtype) -> bool:
 _ML_CODES = {"bfloat16": 27, "float8_e5m2": 35, "float8_e4m3fn": 36, "float8_e8m0fnu": 37}
 
 
+_ml_found: Dict[np.dtype, Optional[int]] = {}   # (each dtype checked once)
+
+
 def _ml_code(dtype: np.dtype) -> Optional[int]:
+    found = _ml_found.get(dtype, -1)
+    if found != -1:
+        return found
     code = _ML_CODES.get(dtype.name)
-    if code is None:
-        return None
-    import ml_dtypes
-    return code if dtype == np.dtype(getattr(ml_dtypes, dtype.name)) else None
+    if code is not None:
+        import ml_dtypes
+        code = code if dtype == np.dtype(getattr(ml_dtypes, dtype.name)) else None
+    _ml_found[dtype] = code
+    return code
 
 
 # Every NumPy dtype an aclTensor can describe (aclDataType, SPEC section 2): what a device
