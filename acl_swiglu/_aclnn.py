@@ -21,9 +21,9 @@ import numpy as np
 
 from . import _ffi
 from ._arena import ArenaLayout, arena_layout, helper_api, host_address, raise_failure
-from ._device import DeviceArray, Stream, default_stream, lives_of, order_launch, record_launch
+from ._device import DeviceArray, Stream, default_stream, lives_of, order_launch, plain_array, record_launch
 from ._operator import (Executor, Operator, OperatorDescription, Signature, check_open, device_arrays, host_lists,
-                        layout_key, preset_outputs, stream_argument, views_of)
+                        layout_key, preset_outputs, remembered, stream_argument, views_of)
 from ._plan import Binding, raise_launch_failure
 from .errors import ArgumentError, HostMemoryError
 from .tensor import TensorView
@@ -98,21 +98,7 @@ def _host_array(name: str, value: Any) -> Any:
     """A NumPy array argument as the array it stands for: a subclass or a proxy becomes the plain
     ndarray over the same memory (read through its own view()), and an array in non-native byte
     order a converted copy."""
-    if isinstance(value, np.ndarray):
-        kind = type(value).__name__
-        try:
-            value = np.ndarray.view(value, np.ndarray)   # (a subclass: the plain array over its memory)
-        except TypeError:   # a proxy, which only claims to be an ndarray: the array it forwards to
-            try:
-                value = value.view(np.ndarray)
-            except Exception:
-                value = None
-        if type(value) is not np.ndarray:
-            raise TypeError(f"{name} is a {kind} that claims to be a numpy.ndarray but gives no array of its own "
-                            "(its view(numpy.ndarray) does not); pass the array itself")
-        if not value.dtype.isnative:
-            value = value.astype(value.dtype.newbyteorder("="))
-    return value
+    return plain_array(value, name) if isinstance(value, np.ndarray) else value
 
 
 class _OneShotLayout(NamedTuple):
@@ -124,19 +110,14 @@ class _OneShotLayout(NamedTuple):
 
 
 def _one_shot_layout(operator: Operator, signature: Signature, values: List[Any]) -> _OneShotLayout:
-    key = layout_key(signature.abi, values)
-    entry = operator.one_shots.get(key) if key is not None else None
-    if entry is None:
+    def make() -> _OneShotLayout:
         description = operator.description
         problem = description.validate(dict(zip(operator.argument_names, values)), signature.revision, False)
-        entry = _OneShotLayout(problem, signature.pack_scalars(description.scalars(problem, signature.revision)),
-                               arena_layout(operator, signature, values, problem.outputs, views_of(problem),
-                                            preset_outputs(problem)))
-        if key is not None:
-            with state.lock:
-                if len(operator.one_shots) >= _KEPT:
-                    operator.one_shots.clear()
-                operator.one_shots[key] = entry
+        return _OneShotLayout(problem, signature.pack_scalars(description.scalars(problem, signature.revision)),
+                              arena_layout(operator, signature, values, problem.outputs, views_of(problem),
+                                           preset_outputs(problem)))
+
+    entry: _OneShotLayout = remembered(operator.one_shots, layout_key(signature.abi, values), _KEPT, make)
     return entry
 
 
@@ -223,8 +204,8 @@ class _DeviceLayout(NamedTuple):
 
 def _device_layout(operator: Operator, signature: Signature, values: List[Any]) -> _DeviceLayout:
     key = layout_key(signature.abi, values)
-    entry = operator.device_layouts.get(key) if key is not None else None
-    if entry is None:
+
+    def make() -> _DeviceLayout:
         description = operator.description
         arguments = dict(zip(operator.argument_names, values))
         problem = description.validate(arguments, signature.revision, True)
@@ -232,17 +213,14 @@ def _device_layout(operator: Operator, signature: Signature, values: List[Any]) 
         made = [(name, tuple(shape), np.dtype(dtype)) for name, (shape, dtype) in problem.outputs.items()
                 if arguments.get(name) is None]
         placeholders = {name: DeviceArray.empty(shape, dtype) for name, shape, dtype in made if not math.prod(shape)}
-        entry = _DeviceLayout(problem, tuple(description.scalars(problem, signature.revision)), given,
-                              tuple(m for m in made if m[0] not in placeholders),
-                              tuple(name for name in given if name not in signature.output_names),
-                              tuple(name for name in signature.output_names
-                                    if name in problem.outputs and name not in placeholders), key,
-                              tuple(preset_outputs(problem)), placeholders)
-        if key is not None:
-            with state.lock:
-                if len(operator.device_layouts) >= _KEPT:
-                    operator.device_layouts.clear()
-                operator.device_layouts[key] = entry
+        return _DeviceLayout(problem, tuple(description.scalars(problem, signature.revision)), given,
+                             tuple(m for m in made if m[0] not in placeholders),
+                             tuple(name for name in given if name not in signature.output_names),
+                             tuple(name for name in signature.output_names
+                                   if name in problem.outputs and name not in placeholders), key,
+                             tuple(preset_outputs(problem)), placeholders)
+
+    entry: _DeviceLayout = remembered(operator.device_layouts, key, _KEPT, make)
     return entry
 
 

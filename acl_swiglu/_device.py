@@ -624,26 +624,33 @@ def lives_of(arrays: Iterable[DeviceArray]) -> List[Life]:
     return [array._life for array in arrays if array._life is not None]
 
 
+def plain_array(value: np.ndarray, name: str) -> np.ndarray:
+    """The plain ndarray an array argument stands for, in native byte order: a subclass's memory
+    as a plain array, a proxy's through its own view() (one that gives no array is refused by
+    `name`), and an array in the other byte order converted."""
+    kind = type(value).__name__
+    plain: Any = None
+    try:
+        plain = np.ndarray.view(value, np.ndarray)   # (a subclass: the plain array over its memory)
+    except TypeError:   # a proxy, which only claims to be an ndarray: the array it forwards to
+        try:
+            plain = value.view(np.ndarray)
+        except Exception:
+            pass
+    if type(plain) is not np.ndarray:
+        raise TypeError(f"{name} is a {kind} that claims to be a numpy.ndarray but gives no array of its own "
+                        "(its view(numpy.ndarray) does not); pass the array itself")
+    array: np.ndarray = plain if plain.dtype.isnative else plain.astype(plain.dtype.newbyteorder("="))
+    return array
+
+
 def to_device(array: np.ndarray) -> DeviceArray:
     """Copies a NumPy array to new device memory. A non-contiguous view keeps its strides on
     the device (the bytes it spans are copied); negative strides are copied to C order first."""
     if not isinstance(array, np.ndarray):
         raise TypeError(f"to_device needs a numpy.ndarray, got {type(array).__name__}")
-    kind = type(array).__name__
-    plain: Any = None
-    try:
-        plain = np.ndarray.view(array, np.ndarray)   # (a subclass: the plain array over its memory)
-    except TypeError:   # a proxy, which only claims to be an ndarray: the array it forwards to
-        try:
-            plain = array.view(np.ndarray)
-        except Exception:
-            pass
-    if type(plain) is not np.ndarray:
-        raise TypeError(f"to_device got a {kind} that claims to be a numpy.ndarray but gives no array of its own")
-    array = plain
-    check_device_dtype(array.dtype.newbyteorder("="), "array's dtype")
-    if not array.dtype.isnative:
-        array = array.astype(array.dtype.newbyteorder("="))
+    array = plain_array(array, "to_device's array")
+    check_device_dtype(array.dtype, "array's dtype")
     if array.size == 0:
         return DeviceArray(None, array.shape, array.dtype)
     strides = host_element_strides(array)

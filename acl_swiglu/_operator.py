@@ -14,7 +14,7 @@ import struct
 import weakref
 from collections import OrderedDict
 from types import SimpleNamespace
-from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, TypeVar
 
 import numpy as np
 
@@ -147,6 +147,23 @@ def layout_key(abi: int, values: Sequence[Any]) -> Optional[Tuple[Any, ...]]:
     return tuple(key)
 
 
+_T = TypeVar("_T")
+
+
+def remembered(table: Dict[Any, _T], key: Optional[Tuple[Any, ...]], limit: int, make: Callable[[], _T]) -> _T:
+    """table[key], made by `make` the first time (not kept for a key of None); the table is
+    emptied when it holds `limit` entries."""
+    found = table.get(key) if key is not None else None
+    if found is None:
+        found = make()
+        if key is not None:
+            with state.lock:
+                if len(table) >= limit:
+                    table.clear()
+                table[key] = found
+    return found
+
+
 class Operator:
     """A described operator with the lookups every call needs, computed once."""
 
@@ -199,16 +216,8 @@ class Operator:
     def problem(self, signature: Signature, arguments: Mapping[str, Any], values: Sequence[Any],
                 device: bool) -> Any:
         """The validated problem of these arguments (reused for the same layout)."""
-        key = layout_key(signature.abi * 2 + device, values)
-        problem = self._problems.get(key) if key is not None else None
-        if problem is None:
-            problem = self.description.validate(arguments, signature.revision, device)
-            if key is not None:
-                with state.lock:
-                    if len(self._problems) >= _PROBLEMS_KEPT:
-                        self._problems.clear()
-                    self._problems[key] = problem
-        return problem
+        return remembered(self._problems, layout_key(signature.abi * 2 + device, values), _PROBLEMS_KEPT,
+                          lambda: self.description.validate(arguments, signature.revision, device))
 
     def describe_arguments(self, message: str) -> str:
         """'gradXOut is the grad_x argument, ...' for the C parameters a CANN message names."""

@@ -16,8 +16,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.allow_live_handles]
 SANITIZER_REPORTS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:", "SUMMARY: UndefinedBehavior")
 
 
-def _run(cmd, env=None, timeout=1800):
-    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=timeout)
+def _run(cmd, env=None, timeout=1800, cwd=ROOT):
+    result = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=env, timeout=timeout)
     output = result.stdout + result.stderr
     return result.returncode, output
 
@@ -129,13 +129,14 @@ def test_python_threads_under_tsan(tsan_build, tmp_path):
         "PYTHONPATH": str(copy.parent),
         "PYTHONFAULTHANDLER": "1",
     })
-    code, output = _run([sys.executable, "-c", "import acl_swiglu; print(acl_swiglu.__file__)"], env=env)
+    # (run away from the clone's root, whose acl_swiglu/ would come first on sys.path)
+    code, output = _run([sys.executable, "-c", "import acl_swiglu; print(acl_swiglu.__file__)"], env=env, cwd=tmp_path)
     assert code == 0 and str(copy) in output, f"the ThreadSanitizer copy was not the one imported: {output}"
     selected = [str(ROOT / "tests" / name) for name in ("test_concurrency.py", "test_races.py", "test_plan.py",
                                                          "test_device_calls.py", "test_lifetimes.py")
                 if (ROOT / "tests" / name).exists()]
     code, output = _run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--rootdir", str(ROOT),
-                         *selected, "-k", "not fork"], env=env, timeout=2400)
+                         *selected, "-k", "not fork"], env=env, timeout=2400, cwd=tmp_path)
     assert code == 0, output[-8000:]
     _no_tsan_reports(output)
     assert "passed" in output

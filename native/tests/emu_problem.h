@@ -29,7 +29,7 @@ typedef struct {
     aclTensor *tgy, *tx, *tw, *tyo, *tgi, *tgx, *tgw;
 } prob;
 
-static unsigned rng_state;
+static __thread unsigned rng_state;   /* (per thread: several threads make problems at once) */
 
 static inline float rnd(float lo, float hi)
 {
