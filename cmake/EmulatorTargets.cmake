@@ -7,6 +7,24 @@ find_package(Threads REQUIRED)
 set(EMU_C_FLAGS -ffp-contract=off -fno-fast-math -fno-trapping-math -fvisibility=hidden -Wall -Wextra
                 -Wno-unused-parameter -Wno-psabi)
 set(EMU_OPT_FLAGS $<$<CONFIG:Release>:-O3>)
+
+# EMU_EXTRA_BITS_LEVELS: ACL_SWIGLU_BITS_OPT_LEVELS less the level the build type compiles at (with
+# the flags above; none is dropped for a build type of another name). -Ofast is refused: it turns
+# fast-math on, which no level may.
+set(EMU_EXTRA_BITS_LEVELS)
+set(EMU_LEVEL_OF_Debug O0)
+set(EMU_LEVEL_OF_RelWithDebInfo O2)
+set(EMU_LEVEL_OF_Release O3)
+set(EMU_LEVEL_OF_MinSizeRel Os)
+foreach(level IN LISTS ACL_SWIGLU_BITS_OPT_LEVELS)
+  if(NOT level MATCHES "^O([0-3]|s|g|z)$")
+    message(FATAL_ERROR "ACL_SWIGLU_BITS_OPT_LEVELS: \"${level}\" is not one of O0 O1 O2 O3 Os Og Oz "
+                        "(a level without its dash)")
+  endif()
+  if(NOT level STREQUAL "${EMU_LEVEL_OF_${CMAKE_BUILD_TYPE}}" AND NOT level IN_LIST EMU_EXTRA_BITS_LEVELS)
+    list(APPEND EMU_EXTRA_BITS_LEVELS ${level})
+  endif()
+endforeach()
 if(ACL_SWIGLU_SANITIZE)
   set(EMU_SANITIZE_FLAGS -fsanitize=address,undefined -fno-sanitize-recover=undefined
                          -fno-omit-frame-pointer)

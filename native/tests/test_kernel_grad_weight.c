@@ -288,21 +288,38 @@ static void test_reduce_signed_zeros(void)
 
 /* ---- rows through the kernel ---- */
 
-static uint16_t narrow_bits(aclDataType dtype, float f)
+/* Element i of a gradY or yOrigin buffer as the kernel reads it, from f made exact in the dtype
+ * (bf16 truncated, fp16 rounded to nearest). */
+static void store_element(aclDataType dtype, char *buf, size_t i, float f)
 {
-    uint32_t b = bits_f(f);   /* exact in the dtype: the inputs below are made that way */
-    if (dtype == ACL_BF16) return (uint16_t)(b >> 16);
-    _Float16 h = (_Float16)f;
-    uint16_t out;
-    memcpy(&out, &h, sizeof out);
-    return out;
+    if (dtype == ACL_FLOAT) {
+        memcpy(buf + 4 * i, &f, sizeof f);
+        return;
+    }
+    uint16_t h;
+    if (dtype == ACL_BF16) {
+        h = (uint16_t)(bits_f(f) >> 16);
+    } else {
+        _Float16 half = (_Float16)f;
+        memcpy(&h, &half, sizeof h);
+    }
+    memcpy(buf + 2 * i, &h, sizeof h);
 }
 
-static float as_dtype(aclDataType dtype, float f)
+/* The value of element i of such a buffer. */
+static float load_element(aclDataType dtype, const char *buf, size_t i)
 {
-    if (dtype == ACL_BF16) return f_bits(bits_f(f) & 0xFFFF0000u);
-    if (dtype == ACL_FLOAT16) return (float)(_Float16)f;
-    return f;
+    if (dtype == ACL_FLOAT) {
+        float f;
+        memcpy(&f, buf + 4 * i, sizeof f);
+        return f;
+    }
+    uint16_t h;
+    memcpy(&h, buf + 2 * i, sizeof h);
+    if (dtype == ACL_BF16) return f_bits((uint32_t)h << 16);
+    _Float16 half;
+    memcpy(&half, &h, sizeof half);
+    return (float)half;
 }
 
 /* One launch of `rows` rows of `hidden` columns with weight; gradY and yOrigin from the callbacks'
@@ -317,21 +334,22 @@ static int check_rows(aclDataType dtype, int clamp_on, int64_t rows, int64_t hid
     float *w = malloc((size_t)rows * sizeof *w), *gw = malloc((size_t)rows * sizeof *gw);
     float *want = malloc((size_t)rows * sizeof *want), *p = malloc((size_t)hidden * sizeof *p);
     for (size_t i = 0; i < count; i++) {
-        float a = as_dtype(dtype, gy_values[i]), b = as_dtype(dtype, yo_values[i]);
-        if (dtype == ACL_FLOAT) {
-            ((float *)gy)[i] = a;
-            ((float *)yo)[i] = b;
-        } else {
-            ((uint16_t *)gy)[i] = narrow_bits(dtype, a);
-            ((uint16_t *)yo)[i] = narrow_bits(dtype, b);
-        }
+        store_element(dtype, gy, i, gy_values[i]);
+        store_element(dtype, yo, i, yo_values[i]);
     }
     int64_t tile = spec_first_tile(dtype != ACL_FLOAT, 1, clamp_on, hidden, tiling == SWIGLU_TILING_9_1);
     int split_differs = 0;
     for (int64_t t = 0; t < rows; t++) {
         w[t] = 0.75f;
+        /* The products come from the bytes the kernel reads, not from the values before they
+         * were narrowed, so the expectation rests on exactly the kernel's inputs. Truncating
+         * the floats themselves to bf16 here, f_bits(bits_f(f) & 0xFFFF0000u) under the dtype
+         * branch, was miscompiled by GCC 12 on x86-64 at -O1, -O2 and -Os: its back end turns
+         * that AND into a clear of the low 16 bits of a copy and multiplies the unmasked
+         * floats. ctest builds and runs this test at several -O levels for such faults. */
         for (int64_t h = 0; h < hidden; h++) {
-            p[h] = as_dtype(dtype, gy_values[t * hidden + h]) * as_dtype(dtype, yo_values[t * hidden + h]);
+            size_t i = (size_t)(t * hidden + h);
+            p[h] = load_element(dtype, gy, i) * load_element(dtype, yo, i);
         }
         want[t] = spec_grad_weight(p, hidden, tile);
         split_differs += bits_f(want[t]) != bits_f(chunk_tree_of_row(p, (size_t)hidden));
