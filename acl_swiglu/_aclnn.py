@@ -237,7 +237,8 @@ def device_call(operator: Operator, given: Dict[str, Any], stream: Optional[Stre
     layout = _device_layout(operator, signature, [given.get(name) for name in operator.argument_names])
     operator.description.guard(layout.problem, given, signature.revision)
     arrays = {name: given[name] for name in layout.given}
-    check_open(arrays)   # (before anything is made)
+    if layout.missing:
+        check_open(arrays)   # (before anything is made; else the launch's hold checks them)
     arrays.update(layout.placeholders)
     made: List[DeviceArray] = []
     try:
