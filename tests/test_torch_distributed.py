@@ -29,6 +29,7 @@ def test_torchrun_expert_parallel_step_matches_one_process(tmp_path):
                str(Path(torchrun_moe.__file__)), "--out", str(tmp_path)]
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=180)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    assert result.stdout.strip().splitlines()[-1] == "verdict: PASS", result.stdout   # the script's own verdict
 
     expected = torchrun_moe.single_process(RANKS)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(RANKS)]
@@ -43,3 +44,21 @@ def test_torchrun_expert_parallel_step_matches_one_process(tmp_path):
     assert expected["w1_grad"].abs().sum() > 0 and expected["router_grad"].abs().sum() > 0
     for rank, got in enumerate(ranks):
         assert got["acl_device"] == rank, f"rank {rank}'s ACL work ran on device {got['acl_device']!r}"
+
+
+def test_the_verdict_compares_every_result_of_a_rank():
+    """What rank r checks against one process: its outputs, the loss, the all_reduced router
+    gradient and its expert's gradients; a difference in any one is reported by name."""
+    expected = torchrun_moe.single_process(RANKS)
+    rows = torchrun_moe.TOKENS_PER_RANK
+    rank = 1
+    got = {"out": expected["out"][rows:2 * rows].clone(), "loss": expected["loss"].clone(),
+           "router_grad": expected["router_grad"].clone(), "w1_grad": expected["w1_grad"][rank].clone(),
+           "w2_grad": expected["w2_grad"][rank].clone(), "acl_device": rank}
+    assert torchrun_moe.compare(rank, RANKS, got, expected, "cpu") == []
+    for name in ("out", "loss", "router_grad", "w1_grad", "w2_grad"):
+        changed = dict(got, **{name: got[name] + 1e-3 * (got[name].abs().max() + 1)})
+        problems = torchrun_moe.compare(rank, RANKS, changed, expected, "cpu")
+        assert [line.split(":")[0] for line in problems] == [name], problems
+    assert torchrun_moe.compare(rank, RANKS, dict(got, acl_device=0), expected, "cpu") == [
+        "acl_device: rank 1's ACL work ran on device 0"]
