@@ -130,13 +130,22 @@ def _seconds(text: str) -> float:
     return value
 
 
+class _Formatter(argparse.HelpFormatter):
+    """argparse's help layout, except for the exit statuses after the options: a table, kept as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text.startswith("exit status:"):
+            return text
+        return super()._fill_text(text, width, indent)
+
+
 def build_parser() -> _Parser:
     parser = _Parser(
         prog="acl-swiglu-sample",
         # An abbreviation would be taken for its option on success but not seen by the JSON
         # error reporting of a usage error: options are spelt in full.
         allow_abbrev=False,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_Formatter,
         description="Run aclnnSwigluGroupQuantGrad like the CANN documentation's example "
                     "(gradY [512,512], x [512,1024], weight [512,1], groupIndex {256,256}, clamp 1.0, fp16) "
                     "and check the result against the NumPy reference.",

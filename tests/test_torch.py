@@ -789,3 +789,26 @@ def test_revision_1_takes_the_same_calls(abi, npu_stand_in):
         for grad_x, grad_weight in (on_cpu, on_device):
             np.testing.assert_array_equal(_numpy(grad_x).view(np.int16), expect_x.view(np.int16))
             np.testing.assert_array_equal(_numpy(grad_weight), expect_w)
+
+
+@pytest.mark.allow_live_handles   # it runs in a child process
+@pytest.mark.slow   # a timed benchmark run in a child process, like tests/test_benchmarks.py
+def test_recompute_benchmark_reports_both_settings_and_the_memory_they_keep():
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "torch_recompute.py"
+    result = subprocess.run([sys.executable, str(script), "--quick", "--json"], capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads(result.stdout)
+    assert set(data["sizes"]) == {"T=1024 H=512", "T=2048 H=256"}
+    for size, figures in data["sizes"].items():
+        rows, hidden = (int(part.split("=")[1]) for part in size.split())
+        x_mib, y_mib, weight_mib = rows * 2 * hidden * 2 / 2**20, rows * hidden * 2 / 2**20, rows * 4 / 2**20
+        # what autograd keeps: x and the fp32 weight; with recompute_y_origin=False y_origin too
+        assert figures["recompute"]["saved_mib"] == pytest.approx(x_mib + weight_mib)
+        assert figures["keep"]["saved_mib"] == pytest.approx(x_mib + weight_mib + y_mib)
+        for name in ("recompute", "keep", "recompute, one expression"):
+            assert figures[name]["forward_ms"] > 0 and figures[name]["backward_ms"] > 0

@@ -14,7 +14,11 @@ torch = pytest.importorskip("torch", reason="acl_swiglu.torch needs torch (pip i
 pytest.importorskip("torch.distributed", reason="this torch build has no torch.distributed")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import doc_snippets  # noqa: E402
 import torchrun_moe  # noqa: E402
+
+ROOT = doc_snippets.ROOT
+PYTORCH = ROOT / "docs" / "pytorch.md"
 
 RANKS = 2
 
@@ -24,12 +28,18 @@ RANKS = 2
 def test_torchrun_expert_parallel_step_matches_one_process(tmp_path):
     if not torch.distributed.is_gloo_available():
         pytest.skip("this torch build has no gloo backend")
-    env = dict(os.environ, ACL_EMU_DEVICES=str(RANKS), ACL_SWIGLU_BACKEND="emulator", OMP_NUM_THREADS="1")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={RANKS}",
-               str(Path(torchrun_moe.__file__)), "--out", str(tmp_path)]
-    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=180)
+    # The command docs/pytorch.md shows, as shown (from the clone's root, torchrun next to this
+    # Python), saving the ranks' results too; its output is the one the page shows after it.
+    blocks = doc_snippets.snippets(PYTORCH)
+    at = next(i for i, b in enumerate(blocks) if b.marker == ("run by", "tests/test_torch_distributed.py"))
+    command, shown = blocks[at].code.strip(), blocks[at + 1].code.strip()
+    assert f"--nproc-per-node={RANKS}" in command
+    env = dict(os.environ, ACL_SWIGLU_BACKEND="emulator", OMP_NUM_THREADS="1",
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    result = subprocess.run(["bash", "-euo", "pipefail", "-c", f"{command} --out {tmp_path}"], cwd=ROOT,
+                            capture_output=True, text=True, env=env, timeout=180)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    assert result.stdout.strip().splitlines()[-1] == "verdict: PASS", result.stdout   # the script's own verdict
+    assert result.stdout.strip().splitlines()[-len(shown.splitlines()):] == shown.splitlines(), result.stdout
 
     expected = torchrun_moe.single_process(RANKS)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(RANKS)]
