@@ -26,7 +26,7 @@ import sys
 import threading
 import warnings
 from dataclasses import dataclass
-from types import ModuleType
+from types import FrameType, ModuleType
 from typing import Any, Callable, ContextManager, Dict, Optional, Sequence, Tuple, cast
 
 import numpy as np
@@ -245,10 +245,10 @@ _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _first_load = threading.Lock()
 
 
-def _caller_frame() -> Optional[Any]:
+def _caller_frame() -> Optional[FrameType]:
     """The innermost frame outside this package, torch and the import machinery: the user's
     line that led here (a forward, a backward, a call of the operator)."""
-    frame = sys._getframe(1)
+    frame: Optional[FrameType] = sys._getframe(1)
     while frame is not None:
         name = frame.f_code.co_filename
         if not (name.startswith(_PACKAGE_DIR) or name.startswith(_TORCH_DIR) or name.startswith("<frozen")):
@@ -562,9 +562,12 @@ def _unweighted(x: torch.Tensor, clamp_limit: Optional[float], group_index: Opti
     return y
 
 
-# Elements of one fp32 block of the eager CPU forward: about 1 MiB, so that each block's
-# temporaries stay in the cache instead of making five passes over T x H floats in memory.
-_BLOCK_ELEMENTS = 1 << 18
+# Elements of gradY per block of the eager CPU forward: its temporaries stay in the cache instead
+# of making five passes over T x H floats in memory, and each operation on a block (at most
+# 2 x 16384 elements, torch's grain) runs in the calling thread: waking torch's thread pool for
+# every small operation costs more than it gives, and far more while other threads (the emulator
+# kernel's, after a backward) still hold the cores.
+_BLOCK_ELEMENTS = 1 << 14
 
 
 def _block_rows(hidden: int) -> int:
@@ -588,7 +591,9 @@ def _forward_in_blocks(x: torch.Tensor, weight_rows: Optional[torch.Tensor], cla
                        group_index: Optional[torch.Tensor],
                        keep_unweighted: bool) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """_forward's values, computed a block of rows at a time with the one expression's fp32
-    operations, in its order and on its layouts: in a single thread, the same bits."""
+    operations, in its order and on its layouts: the same bits as that expression computed in
+    one thread (torch's vectorised and scalar exp differ in the last bit, and how torch splits
+    an operation between threads decides which elements get which)."""
     hidden = x.shape[-1] // 2
     rows = math.prod(x.shape[:-1])
     flat = x.reshape(rows, 2 * hidden)
