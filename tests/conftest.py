@@ -4,7 +4,9 @@ as soon as the session knows it will run."""
 
 import gc
 import os
+import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -40,14 +42,21 @@ def _check_the_device_run(items):
         if len(device_tests) == len(items):
             pytest.exit(NO_DEVICE_RUN, returncode=pytest.ExitCode.USAGE_ERROR)
         return
-    import acl_swiglu
-    try:
-        info = acl_swiglu.backend_info()
-    except acl_swiglu.AclSwigluError as error:
+    # Asked of a child interpreter, so that this process loads nothing before its tests do (run
+    # from elsewhere than the clone's root, whose sources are not the installed package).
+    probe = ("import acl_swiglu, sys\n"
+             "try:\n    info = acl_swiglu.backend_info()\n"
+             "except acl_swiglu.AclSwigluError as error:\n    sys.exit(f'error: {error}')\n"
+             "print(info.backend, info.root)")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                            cwd=tempfile.gettempdir())
+    if result.returncode != 0:
+        error = result.stderr.strip().removeprefix("error: ")
         pytest.exit(f"ACL_SWIGLU_BACKEND=cann, but the CANN libraries cannot be loaded, so none of the "
                     f"{len(device_tests)} device tests can run:\n{error}", returncode=pytest.ExitCode.USAGE_ERROR)
-    if info.backend != "cann":
-        pytest.exit(f"ACL_SWIGLU_BACKEND=cann, but the {info.backend} backend was loaded ({info.root})",
+    backend, _, root = result.stdout.strip().partition(" ")
+    if backend != "cann":
+        pytest.exit(f"ACL_SWIGLU_BACKEND=cann, but the {backend} backend was loaded ({root})",
                     returncode=pytest.ExitCode.USAGE_ERROR)
 
 

@@ -43,3 +43,14 @@ def test_the_torchrun_verdict_printed_is_the_one_shown():
                    and b.marker[0] == "run by")
     shown = blocks[command + 1]
     assert shown.language == "text" and shown.code.strip().splitlines()[-1] == "verdict: PASS"
+
+
+def test_the_routing_weight_is_not_called_the_gate():
+    """x's first half is the gate; the MoE router's per-token weight is the routing weight, and no
+    snippet passes a tensor called gate as swiglu's weight."""
+    from doc_snippets import all_snippets
+
+    for snippet in all_snippets():
+        if snippet.language == "python":
+            assert not re.search(r"\b(swiglu|act|SwiGLU\([^)]*\))\([^,()]+,\s*gates?\b", snippet.code), snippet.where
+            assert not re.search(r"\bgates?\s*,\s*_\s*=\s*torch\.softmax", snippet.code), snippet.where

@@ -2,9 +2,9 @@
 expert's feed-forward layer backed by the operator (acl_swiglu.torch.swiglu).
 
 Every rank holds one expert and a shard of the tokens. A replicated top-1 router picks each
-token's expert and its gate weight; the tokens and gates go to the expert's rank with
+token's expert and its routing weight; the tokens and weights go to the expert's rank with
 all_to_all; each expert fills a fixed-capacity buffer (group_index: the token count from each
-source rank, so the padding rows are never computed), runs w1 -> swiglu(weight=gate) -> w2,
+source rank, so the padding rows are never computed), runs w1 -> swiglu(weight=routing weight) -> w2,
 and sends the results back with all_to_all. The backward runs through the operator and the
 all_to_alls; the router's gradients are all_reduced. Each rank compares its results with
 ``single_process`` (the same model, every expert in one process) and rank 0 prints the verdict
@@ -54,17 +54,17 @@ def tokens(ranks: int):
 
 
 def route(x, router):
-    """Top-1 routing: each token's expert and gate weight (its softmax probability)."""
+    """Top-1 routing: each token's expert and routing weight (its softmax probability)."""
     probabilities = torch.softmax(x @ router, dim=-1)
-    gate, expert = probabilities.max(dim=-1)
-    return expert, gate
+    routing_weight, expert = probabilities.max(dim=-1)
+    return expert, routing_weight
 
 
-def expert_layer(buffer, gates, counts, w1, w2):
+def expert_layer(buffer, routing_weights, counts, w1, w2):
     """One expert on its capacity buffer (valid rows first, counts per source): bf16 SwiGLU
-    weighted by the gates, rows past sum(counts) left zero by the operator's truncation."""
+    weighted by the routing weights, rows past sum(counts) left zero by the operator's truncation."""
     h = (buffer @ w1).to(torch.bfloat16)
-    y = acl_torch.swiglu(h, gates, clamp_limit=CLAMP, group_index=counts)
+    y = acl_torch.swiglu(h, routing_weights, clamp_limit=CLAMP, group_index=counts)
     return y.float() @ w2
 
 
@@ -77,14 +77,14 @@ def single_process(ranks: int) -> dict:
     it, in the same order (by source rank, then by position)."""
     router, w1, w2 = (p.clone().requires_grad_() for p in parameters(ranks))
     x, target = tokens(ranks)
-    expert, gate = route(x, router)
+    expert, routing_weight = route(x, router)
     capacity = x.shape[0]
     out = torch.zeros_like(x)
     for e in range(ranks):
         chosen = (expert == e).nonzero().flatten()
         counts = torch.stack([((expert[r * TOKENS_PER_RANK:(r + 1) * TOKENS_PER_RANK]) == e).sum()
                               for r in range(ranks)])
-        result = expert_layer(_padded(x[chosen], capacity), _padded(gate[chosen], capacity), counts, w1[e], w2[e])
+        result = expert_layer(_padded(x[chosen], capacity), _padded(routing_weight[chosen], capacity), counts, w1[e], w2[e])
         out = out.index_put((chosen,), result[:chosen.numel()])
     loss = ((out - target) ** 2).sum()
     loss.backward()
@@ -106,16 +106,16 @@ def distributed_step(rank: int, ranks: int, device: torch.device) -> dict:
     mine = slice(rank * TOKENS_PER_RANK, (rank + 1) * TOKENS_PER_RANK)
     x, target = x_all[mine].to(device), target_all[mine].to(device)
 
-    expert, gate = route(x, router)
+    expert, routing_weight = route(x, router)
     order = torch.argsort(expert, stable=True)   # grouped by destination, positions kept
     send_counts = torch.bincount(expert, minlength=ranks)
     receive_counts = torch.empty_like(send_counts)
     dist.all_to_all_single(receive_counts, send_counts)
 
     received = _all_to_all(x[order], send_counts, receive_counts)
-    received_gates = _all_to_all(gate[order], send_counts, receive_counts)
+    received_weights = _all_to_all(routing_weight[order], send_counts, receive_counts)
     capacity = ranks * TOKENS_PER_RANK
-    result = expert_layer(_padded(received, capacity), _padded(received_gates, capacity), receive_counts, w1, w2)
+    result = expert_layer(_padded(received, capacity), _padded(received_weights, capacity), receive_counts, w1, w2)
     returned = _all_to_all(result[:received.shape[0]], receive_counts, send_counts)
     out = torch.empty_like(returned).index_put((order,), returned)
 
