@@ -2,16 +2,25 @@
 the NumPy reference. Options change the shapes, data, options, backend and ABI; --repeat times the
 phases; --json prints everything as one JSON object (failures included).
 
-Exit status: 0 the check passed (or was skipped with --no-check), 1 the check failed, 2 bad
-options or settings, 3 the libraries, an ACL call or the host's memory failed, 4 an internal error
-(a bug: please report it).
+Exit status (docs/cli.md):
+  0    the check passed (or was skipped with --no-check)
+  1    the check failed
+  2    bad options or settings (a usage error)
+  3    the libraries could not be found or loaded, or an ACL call failed
+  4    an internal error (a bug: please report it with the traceback printed)
+  5    not enough memory for the problem asked for: host memory, or device memory
+  130  interrupted (Ctrl-C)
+  141  the reader of the output went away (e.g. `| head`)
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
+import platform
+import re
 import resource
 import statistics
 import sys
@@ -21,8 +30,22 @@ from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple, Union
 
 import numpy as np
 
-EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE, EXIT_ACL, EXIT_INTERNAL = 0, 1, 2, 3, 4
+EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE, EXIT_ACL, EXIT_INTERNAL, EXIT_MEMORY = 0, 1, 2, 3, 4, 5
+EXIT_INTERRUPTED = 130   # Ctrl-C, as a shell reports SIGINT
 EXIT_BROKEN_PIPE = 141   # the reader went away (e.g. `| head`), as a shell reports SIGPIPE
+EXIT_STATUSES = {
+    EXIT_OK: "the check passed (or was skipped with --no-check)",
+    EXIT_CHECK_FAILED: "the check failed",
+    EXIT_USAGE: "bad options or settings",
+    EXIT_ACL: "the libraries could not be found or loaded, or an ACL call failed",
+    EXIT_INTERNAL: "an internal error (a bug: please report it)",
+    EXIT_MEMORY: "not enough host or device memory for the problem asked for",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
+    EXIT_BROKEN_PIPE: "the reader of the output went away",
+}
+# ACL status codes that mean the device ran out of memory: a resource limit, exit 5.
+DEVICE_MEMORY_CODES = {200000: "ACL_ERROR_BAD_ALLOC", 207001: "ACL_ERROR_RT_MEMORY_ALLOCATION",
+                       207018: "ACL_ERROR_RT_DEVICE_OOM"}
 INT64_MAX = 2**63 - 1
 SHOWN = 10
 
@@ -92,9 +115,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _asks_for_json(argv: List[str]) -> bool:
-    """Whether the command line has --json (or an abbreviation argparse accepts) before any '--'."""
+    """Whether the command line has --json before any '--' (abbreviations are not accepted)."""
     words = argv[:argv.index("--")] if "--" in argv else argv
-    return any(len(word) >= 4 and "--json".startswith(word) for word in words)
+    return "--json" in words
 
 
 def _seconds(text: str) -> float:
@@ -107,12 +130,26 @@ def _seconds(text: str) -> float:
     return value
 
 
+class _Formatter(argparse.HelpFormatter):
+    """argparse's help layout, except for the exit statuses after the options: a table, kept as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text.startswith("exit status:"):
+            return text
+        return super()._fill_text(text, width, indent)
+
+
 def build_parser() -> _Parser:
     parser = _Parser(
         prog="acl-swiglu-sample",
+        # An abbreviation would be taken for its option on success but not seen by the JSON
+        # error reporting of a usage error: options are spelt in full.
+        allow_abbrev=False,
+        formatter_class=_Formatter,
         description="Run aclnnSwigluGroupQuantGrad like the CANN documentation's example "
                     "(gradY [512,512], x [512,1024], weight [512,1], groupIndex {256,256}, clamp 1.0, fp16) "
-                    "and check the result against the NumPy reference.")
+                    "and check the result against the NumPy reference.",
+        epilog="exit status:\n" + "\n".join(f"  {code:<4} {text}" for code, text in EXIT_STATUSES.items()))
     parser.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default="fp16",
                         help="dtype of gradY, x, yOrigin and gradX (default fp16)")
     parser.add_argument("--tokens", type=_non_negative_int, default=512, help="tokens T, or S with --batch (default 512)")
@@ -127,9 +164,12 @@ def build_parser() -> _Parser:
     parser.add_argument("--random", action="store_true", help="normal random data instead of the example's patterns")
     parser.add_argument("--seed", type=_non_negative_int, default=0, help="random seed for --random (default 0)")
     parser.add_argument("--abi", choices=("1", "2"), default=None,
-                        help="operator ABI revision (default: ACL_SWIGLU_ABI, else 2)")
+                        help="operator ABI revision, overriding what the install declares (with a warning when "
+                             "they differ). Default: the revision the install's operator header declares (2 "
+                             "without one); ACL_SWIGLU_ABI, when set, overrides that the same way")
     parser.add_argument("--backend", choices=("auto", "cann", "emulator"), default=None,
-                        help="library backend (default: ACL_SWIGLU_BACKEND, else auto)")
+                        help="library backend: auto (a CANN when one is found, else the emulator, saying so), "
+                             "cann or emulator (default: ACL_SWIGLU_BACKEND, else auto)")
     parser.add_argument("--device-id", type=_non_negative_int, default=None, help="device to use (default 0)")
     parser.add_argument("--no-check", action="store_true", help="skip the comparison with the reference")
     parser.add_argument("--repeat", type=_positive_int, default=None, metavar="N",
@@ -344,15 +384,11 @@ def run(args: argparse.Namespace, report: Dict[str, Any]) -> int:
         if out is None:
             print(line, flush=True)
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        info = acl.backend_info()
+    info = acl.backend_info()
     report["backend"] = info.as_dict()
     say(f"backend: {'CPU emulator' if info.backend == 'emulator' else 'CANN'} (ABI revision {info.abi}), "
         f"root {info.root or '(system loader)'}")
     say(f"  operator library: {info.operator} ({_version_text(info)})")
-    for warning in caught:   # e.g. "no CANN found, running on the emulator": one plain line
-        print(f"note: {warning.message}", file=sys.stderr, flush=True)
     if args.device_id is not None:
         acl.set_device(args.device_id)
 
@@ -412,10 +448,45 @@ def run(args: argparse.Namespace, report: Dict[str, Any]) -> int:
     return status
 
 
+def versions() -> Dict[str, Optional[str]]:
+    """The versions a bug report needs: this package, Python, NumPy, ml_dtypes and torch (None
+    when not installed; read from the install's metadata, so torch is not imported), and the platform."""
+    from . import __version__
+
+    def installed(name: str) -> Optional[str]:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    return {"acl_swiglu": __version__, "python": platform.python_version(), "numpy": np.__version__,
+            "ml_dtypes": installed("ml_dtypes"), "torch": installed("torch"), "platform": platform.platform()}
+
+
 def _error_report(report: Dict[str, Any], status: int, error: Dict[str, Any]) -> str:
     """What --json prints on a failure: what was known before it, and the error."""
-    partial = {key: report[key] for key in ("backend", "inputs") if key in report}
-    return json.dumps({"ok": False, "exit_status": status, **partial, "error": error}, indent=2, default=float)
+    partial = {key: report[key] for key in ("backend", "inputs", "warnings") if key in report}
+    return json.dumps({"ok": False, "exit_status": status, "versions": versions(), **partial, "error": error},
+                      indent=2, default=float)
+
+
+def as_the_user_set_it(text: str, args: argparse.Namespace) -> str:
+    """A message about ACL_SWIGLU_BACKEND or ACL_SWIGLU_ABI, for a run where the user gave
+    --backend or --abi instead (the CLI passes them on through those variables): it names the
+    option the user gave."""
+    if args.backend:
+        text = re.sub(r"\b([Ss])et ACL_SWIGLU_BACKEND=['\"]?(\w+)['\"]?",
+                      lambda m: ("U" if m.group(1) == "S" else "u") + f"se --backend {m.group(2)}", text)
+        text = re.sub(r"ACL_SWIGLU_BACKEND=['\"]?(\w+)['\"]?", r"--backend \1", text)
+    if args.abi:
+        text = re.sub(r"\b([Uu])nset ACL_SWIGLU_ABI\b",
+                      lambda m: ("D" if m.group(1) == "U" else "d") + "rop --abi", text)
+        text = re.sub(r"ACL_SWIGLU_ABI=['\"]?(\d+)['\"]?", r"--abi \1", text)
+    return text
+
+
+def _memory_problem(args: argparse.Namespace) -> str:
+    return (f"--tokens {args.tokens} --hidden {args.hidden}" + (f" --batch {args.batch}" if args.batch else ""))
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -423,59 +494,75 @@ def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser.json_errors = _asks_for_json(argv)
     args = parser.parse_args(argv)
-    from .errors import AclError, AclSwigluError, ArgumentError, ConfigurationError
+    from .errors import AclError, AclSwigluError, ArgumentError, ConfigurationError, HostMemoryError
 
-    report: Dict[str, Any] = {"ok": False}
+    report: Dict[str, Any] = {"ok": False, "versions": versions(), "warnings": []}
     saved = {name: os.environ.get(name) for name in ("ACL_SWIGLU_BACKEND", "ACL_SWIGLU_ABI")}
-    try:
-        if args.backend:
-            os.environ["ACL_SWIGLU_BACKEND"] = args.backend
-        if args.abi:
-            os.environ["ACL_SWIGLU_ABI"] = args.abi
-        return run(args, report)
-    except (ArgumentError, ConfigurationError) as exc:
-        parser.print_usage(sys.stderr)
-        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
-        if args.json:
-            kind = "configuration" if isinstance(exc, ConfigurationError) else "argument"
-            print(_error_report(report, EXIT_USAGE, {"kind": kind, "message": str(exc)}))
-        return EXIT_USAGE
-    except AclError as exc:
-        print(f"{parser.prog}: ACL error: {exc.api} failed with {exc.name} ({exc.code})", file=sys.stderr)
-        if exc.message:
-            print(f"  {exc.message}", file=sys.stderr)
-        if args.json:
-            print(_error_report(report, EXIT_ACL, {"kind": "acl", "api": exc.api, "code": exc.code,
-                                                   "name": exc.name, "message": exc.message}))
-        return EXIT_ACL
-    except AclSwigluError as exc:   # the libraries could not be found or loaded, and the like
-        print(f"{parser.prog}: {exc}", file=sys.stderr)
-        if args.json:
-            print(_error_report(report, EXIT_ACL, {"kind": type(exc).__name__, "message": str(exc)}))
-        return EXIT_ACL
-    except MemoryError as exc:   # the host ran out of memory: a resource error, not a bug
-        message = (f"not enough host memory for this problem (--tokens {args.tokens} --hidden {args.hidden}"
-                   + (f" --batch {args.batch}" if args.batch else "") + f"): {exc or 'allocation failed'}; "
-                   "choose smaller sizes")
-        print(f"{parser.prog}: {message}", file=sys.stderr)
-        if args.json:
-            print(_error_report(report, EXIT_ACL, {"kind": "HostMemoryError", "message": message}))
-        return EXIT_ACL
-    except BrokenPipeError:
-        # Whoever read our output stopped (`| head`): say nothing more, not even at exit.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return EXIT_BROKEN_PIPE
-    except Exception as exc:   # a bug: say so plainly, with the traceback to report
-        import traceback
 
-        traceback.print_exc(file=sys.stderr)
-        print(f"{parser.prog}: internal error ({type(exc).__name__}: {exc}); please report it with the "
-              "traceback above", file=sys.stderr)
-        return EXIT_INTERNAL
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    def said(text: object) -> str:
+        return as_the_user_set_it(str(text), args)
+
+    def note(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        # A warning (e.g. "no CANN found, running on the emulator") is one plain line on
+        # stderr, in the JSON report too, whichever line of the package gave it.
+        text = said(message)
+        if text not in report["warnings"]:
+            report["warnings"].append(text)
+            print(f"note: {text}", file=sys.stderr, flush=True)
+
+    def fail(status: int, text: str, error: Dict[str, Any]) -> int:
+        print(f"{parser.prog}: {text}", file=sys.stderr, flush=True)
+        if args.json:
+            print(_error_report(report, status, error))
+        return status
+
+    with warnings.catch_warnings():
+        warnings.showwarning = note
+        try:
+            if args.backend:
+                os.environ["ACL_SWIGLU_BACKEND"] = args.backend
+            if args.abi:
+                os.environ["ACL_SWIGLU_ABI"] = args.abi
+            return run(args, report)
+        except (ArgumentError, ConfigurationError) as exc:
+            parser.print_usage(sys.stderr)
+            kind = "configuration" if isinstance(exc, ConfigurationError) else "argument"
+            return fail(EXIT_USAGE, f"error: {said(exc)}", {"kind": kind, "message": said(exc)})
+        except AclError as exc:
+            status = EXIT_MEMORY if exc.code in DEVICE_MEMORY_CODES else EXIT_ACL
+            what = "device memory" if status == EXIT_MEMORY else "ACL error"
+            text = f"{what}: {exc.api} failed with {exc.name} ({exc.code})"
+            if exc.message:
+                text += f"\n  {said(exc.message)}"
+            if status == EXIT_MEMORY:
+                text += f"\n  not enough device memory for this problem ({_memory_problem(args)}): choose smaller sizes"
+            return fail(status, text, {"kind": "acl", "api": exc.api, "code": exc.code, "name": exc.name,
+                                       "message": said(exc.message)})
+        except HostMemoryError as exc:   # refused up front: more than the host can hold
+            return fail(EXIT_MEMORY, said(exc), {"kind": "HostMemoryError", "message": said(exc)})
+        except AclSwigluError as exc:   # the libraries could not be found or loaded, and the like
+            return fail(EXIT_ACL, said(exc), {"kind": type(exc).__name__, "message": said(exc)})
+        except MemoryError as exc:   # an allocation failed: a resource limit, not a bug
+            message = (f"not enough host memory for this problem ({_memory_problem(args)}): "
+                       f"{exc or 'allocation failed'}; choose smaller sizes")
+            return fail(EXIT_MEMORY, message, {"kind": "HostMemoryError", "message": message})
+        except KeyboardInterrupt:
+            return fail(EXIT_INTERRUPTED, "interrupted", {"kind": "interrupted", "message": "interrupted (Ctrl-C)"})
+        except BrokenPipeError:
+            # Whoever read our output stopped (`| head`): say nothing more, not even at exit.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            return EXIT_BROKEN_PIPE
+        except Exception as exc:   # a bug: say so plainly, with the traceback to report
+            import traceback
+
+            traceback.print_exc(file=sys.stderr)
+            print(f"{parser.prog}: internal error ({type(exc).__name__}: {exc}); please report it with the "
+                  "traceback above and the output of `python -m acl_swiglu --json`", file=sys.stderr)
+            return EXIT_INTERNAL
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value

@@ -4,7 +4,9 @@ as soon as the session knows it will run."""
 
 import gc
 import os
+import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -25,11 +27,45 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_emulator_only)
 
 
+NO_DEVICE_RUN = ("the selected tests all need a real Ascend 950 device, and ACL_SWIGLU_BACKEND is not 'cann', so "
+                 "every one would be skipped. On an Ascend host: `source <CANN root>/set_env.sh`, then "
+                 "`ACL_SWIGLU_BACKEND=cann pytest -m device -rs` (README, 'Running the device tests').")
+
+
+def _check_the_device_run(items):
+    """One early, clear error instead of a failure (or a skip) per device test: a device run
+    that finds no CANN, and a run of device tests only that is not a device run."""
+    device_tests = [item for item in items if item.get_closest_marker("device") is not None]
+    if not device_tests:
+        return
+    if not DEVICE_RUN:
+        if len(device_tests) == len(items):
+            pytest.exit(NO_DEVICE_RUN, returncode=pytest.ExitCode.USAGE_ERROR)
+        return
+    # Asked of a child interpreter, so that this process loads nothing before its tests do (run
+    # from elsewhere than the clone's root, whose sources are not the installed package).
+    probe = ("import acl_swiglu, sys\n"
+             "try:\n    info = acl_swiglu.backend_info()\n"
+             "except acl_swiglu.AclSwigluError as error:\n    sys.exit(f'error: {error}')\n"
+             "print(info.backend, info.root)")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                            cwd=tempfile.gettempdir())
+    if result.returncode != 0:
+        error = result.stderr.strip().removeprefix("error: ")
+        pytest.exit(f"ACL_SWIGLU_BACKEND=cann, but the CANN libraries cannot be loaded, so none of the "
+                    f"{len(device_tests)} device tests can run:\n{error}", returncode=pytest.ExitCode.USAGE_ERROR)
+    backend, _, root = result.stdout.strip().partition(" ")
+    if backend != "cann":
+        pytest.exit(f"ACL_SWIGLU_BACKEND=cann, but the {backend} backend was loaded ({root})",
+                    returncode=pytest.ExitCode.USAGE_ERROR)
+
+
 def pytest_collection_finish(session):
     """tests/test_native.py's build and ctest start now, beside the tests that run before it
-    (tests/native_build.py)."""
+    (tests/native_build.py); a device run checks first that it has a device."""
     if session.config.option.collectonly:
         return
+    _check_the_device_run(session.items)
     if any(item.path.name == "test_native.py" for item in session.items):
         import native_build
         native_build.start()

@@ -7,7 +7,8 @@ directory a temporary one so that the installed package is what gets imported.
 Covered: the default run (the documented C++ example: lines, order, values against the float64
 reference and against tests/device_model.py's bit-exact model), every option, the ``--json``
 schema (REPORT_SCHEMA / ERROR_REPORT_SCHEMA below, validated key by key), the exit statuses
-(0 pass, 1 failing check, 2 bad options, 3 library/ACL error) and the progress bar of ``--repeat``.
+(0 pass, 1 failing check, 2 bad options, 3 library/ACL error, 5 out of memory, 130 interrupted)
+and the progress bar of ``--repeat``.
 """
 
 from __future__ import annotations
@@ -93,14 +94,30 @@ TIMING_SUMMARY_SCHEMA = {
                    "max_us": NUM_GE0},
 }
 
+VERSIONS_SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "description": "what a bug report needs; torch and ml_dtypes null when not installed",
+    "required": ["acl_swiglu", "python", "numpy", "ml_dtypes", "torch", "platform"],
+    "properties": {"acl_swiglu": {"type": "string"}, "python": {"type": "string"}, "numpy": {"type": "string"},
+                   "ml_dtypes": {"type": ["string", "null"]}, "torch": {"type": ["string", "null"]},
+                   "platform": {"type": "string"}},
+}
+
+WARNINGS_SCHEMA = {"type": "array", "items": {"type": "string"},
+                   "description": "each warning of the run, once, as the 'note:' lines on stderr"}
+
 #: `--json` output of a run that got as far as the operator (exit status 0 or 1).
 REPORT_SCHEMA = {
     "type": "object",
     "additionalProperties": False,
-    "required": ["ok", "exit_status", "backend", "inputs", "grad_x_first", "grad_weight_first"],
+    "required": ["ok", "exit_status", "versions", "warnings", "backend", "inputs", "grad_x_first",
+                 "grad_weight_first"],
     "properties": {
         "ok": {"type": "boolean", "description": "exit_status == 0"},
         "exit_status": {"enum": [0, 1]},
+        "versions": VERSIONS_SCHEMA,
+        "warnings": WARNINGS_SCHEMA,
         "backend": {
             "type": "object",
             "additionalProperties": False,
@@ -192,23 +209,27 @@ REPORT_SCHEMA = {
     },
 }
 
-#: `--json` output of a failed run: bad options or settings (exit status 2), the libraries, an ACL
-#: call or host memory (3): what was known before the failure (backend, inputs), and the error.
+#: `--json` output of a failed run: bad options or settings (exit status 2), the libraries or an
+#: ACL call (3), host or device memory (5), an interrupt (130): what was known before the failure
+#: (backend, inputs, warnings), and the error.
 ERROR_REPORT_SCHEMA = {
     "type": "object",
     "additionalProperties": False,
-    "required": ["ok", "exit_status", "error"],
+    "required": ["ok", "exit_status", "versions", "error"],
     "properties": {
         "ok": {"enum": [False]},
-        "exit_status": {"enum": [2, 3]},
+        "exit_status": {"enum": [2, 3, 5, 130]},
+        "versions": VERSIONS_SCHEMA,
+        "warnings": WARNINGS_SCHEMA,
         "backend": REPORT_SCHEMA["properties"]["backend"],
         "inputs": REPORT_SCHEMA["properties"]["inputs"],
         "error": {
             "type": "object",
             "additionalProperties": False,
             "required": ["kind", "message"],
-            "description": "kind 'usage', 'argument' or 'configuration' (exit 2), 'acl' (with api, code, name) "
-                           "or the exception class name (exit 3)",
+            "description": "kind 'usage', 'argument' or 'configuration' (exit 2), 'acl' (with api, code, name; "
+                           "exit 3, or 5 for the device's out-of-memory codes), the exception class name (exit 3), "
+                           "'HostMemoryError' (exit 5) or 'interrupted' (exit 130)",
             "properties": {
                 "kind": {"type": "string"},
                 "api": {"type": "string"},
@@ -964,7 +985,7 @@ FAULTS = [
     ("aclnnSwigluGroupQuantGrad:1:507015", "aclnnSwigluGroupQuantGrad", "ACL_ERROR_RT_AICORE_EXCEPTION", 507015),
     ("aclnnSwigluGroupQuantGradGetWorkspaceSize:1:561002", "aclnnSwigluGroupQuantGradGetWorkspaceSize",
      "ACLNN_ERR_INNER_TILING_ERROR", 561002),
-    ("aclrtMalloc:2:207001", "aclrtMalloc", "ACL_ERROR_RT_MEMORY_ALLOCATION", 207001),
+    ("aclrtMemcpy:1:507000", "aclrtMemcpy", "ACL_ERROR_RT_INTERNAL_ERROR", 507000),   # (memory: exit 5, below)
     ("aclrtSynchronizeStream:1:507000", "aclrtSynchronizeStream", "ACL_ERROR_RT_INTERNAL_ERROR", 507000),
 ]
 
@@ -1066,11 +1087,15 @@ def test_missing_cann_exits_3(tmp_path, how):
     assert proc.returncode == 3
     assert "Traceback" not in proc.stderr
     assert proc.stdout == ""
-    assert "acl-swiglu-sample: ACL_SWIGLU_BACKEND=cann but no CANN was found" in proc.stderr
     assert "the system loader has no libascendcl.so" in proc.stderr
-    # the fix
-    assert "source <CANN root>/set_env.sh" in proc.stderr
-    assert "set ACL_SWIGLU_BACKEND=emulator" in proc.stderr
+    assert "source <CANN root>/set_env.sh" in proc.stderr   # the fix
+    if how == "environment":   # what the user set, and the fix in the same terms
+        assert "acl-swiglu-sample: ACL_SWIGLU_BACKEND=cann but no CANN was found" in proc.stderr
+        assert "set ACL_SWIGLU_BACKEND=emulator" in proc.stderr
+    else:
+        assert "acl-swiglu-sample: --backend cann but no CANN was found" in proc.stderr
+        assert "use --backend emulator" in proc.stderr
+        assert "ACL_SWIGLU_BACKEND" not in proc.stderr
 
 
 @pytest.mark.emulator_only
@@ -1254,7 +1279,7 @@ def test_progress_after_must_be_seconds(capsys, value):
                                    ("--tokens", 10**6, "--hidden", 10**6, "--dtype", "fp32")])
 def test_more_memory_than_the_host_has_is_a_resource_error(capsys, sizes):
     rc, out, err = run_inproc(capsys, *sizes)
-    assert rc == 3, err
+    assert rc == 5, err
     assert "Traceback" not in err and "internal error" not in err
     assert "GiB of host memory" in err and "choose smaller sizes" in err
     assert f"--tokens {sizes[1]} --hidden {sizes[3]}" in err
@@ -1263,7 +1288,7 @@ def test_more_memory_than_the_host_has_is_a_resource_error(capsys, sizes):
 def test_more_memory_than_the_host_has_json(capsys):
     rc, out, err = run_inproc(capsys, "--json", "--tokens", 10**9, "--hidden", 10**9)
     report = json.loads(out)
-    assert rc == 3 and report["exit_status"] == 3 and report["ok"] is False
+    assert rc == 5 and report["exit_status"] == 5 and report["ok"] is False
     assert_schema(report, ERROR_REPORT_SCHEMA)
     assert report["error"]["kind"] == "HostMemoryError" and "GiB" in report["error"]["message"]
     assert report["backend"]["backend"] in ("emulator", "cann")
@@ -1278,19 +1303,19 @@ def test_a_process_memory_limit_is_respected(tmp_path):
     env = subprocess_env(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     proc = subprocess.run(ENTRY_POINTS["module"] + ["--tokens", "8192", "--hidden", "4096"], cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=300, preexec_fn=limit)
-    assert proc.returncode == 3, proc.stderr
+    assert proc.returncode == 5, proc.stderr
     assert "address-space limit (ulimit -v)" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_an_allocation_that_fails_later_is_a_resource_error_too(capsys, monkeypatch):
-    # Past the up-front estimate, numpy's own MemoryError (here a real one: 4 EiB) still exits 3.
+    # Past the up-front estimate, numpy's own MemoryError (here a real one: 4 EiB) still exits 5.
     def greedy(args, rng=None):
         return np.empty(1 << 62, dtype=np.uint8)
 
     monkeypatch.setattr(cli, "make_inputs", greedy)
     for extra in ([], ["--json"]):
         rc, out, err = run_inproc(capsys, *extra, "--tokens", 4, "--hidden", 4)
-        assert rc == 3 and "Traceback" not in err
+        assert rc == 5 and "Traceback" not in err
         assert "not enough host memory for this problem (--tokens 4 --hidden 4)" in err
         if extra:
             report = json.loads(out)
@@ -1303,7 +1328,7 @@ def test_an_allocation_that_fails_later_is_a_resource_error_too(capsys, monkeypa
 
 @pytest.mark.parametrize("args,message", [(["--json", "--dtype", "fp64"], "argument --dtype: invalid choice"),
                                           (["--tokens", "x", "--json"], "argument --tokens: 'x' is not a whole"),
-                                          (["--js", "--bogus"], "unrecognized arguments: --bogus")])
+                                          (["--json", "--bogus"], "unrecognized arguments: --bogus")])
 def test_usage_errors_print_json_when_asked(capsys, args, message):
     with pytest.raises(SystemExit) as exc:
         cli.main(args)
@@ -1330,3 +1355,157 @@ def test_configuration_error_prints_json_when_asked(capsys, monkeypatch):
     assert_schema(report, ERROR_REPORT_SCHEMA)
     assert report["error"]["kind"] == "configuration"
     assert "ACL_SWIGLU_ABI='7'" in report["error"]["message"]
+
+
+# ----------------------------------------------------------------------------- what a bug report needs
+
+
+def test_json_carries_the_versions(capsys):
+    import importlib.metadata
+    import platform
+
+    rc, report, _ = json_inproc(capsys, "--tokens", 4, "--hidden", 4)
+    assert rc == 0
+    versions = report["versions"]
+    assert versions["acl_swiglu"] == acl_swiglu.__version__
+    assert versions["python"] == platform.python_version() and versions["numpy"] == np.__version__
+    assert versions["ml_dtypes"] == importlib.metadata.version("ml_dtypes")
+    try:
+        torch_version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        torch_version = None
+    assert versions["torch"] == torch_version and versions["platform"] == platform.platform()
+    # and in the report of a failure
+    with pytest.raises(SystemExit):
+        cli.main(["--json", "--dtype", "fp64"])
+    assert json.loads(capsys.readouterr().out)["versions"] == versions
+
+
+@pytest.mark.emulator_only
+def test_warnings_are_notes_and_in_the_json_naming_what_the_user_set(tmp_path):
+    """With --backend auto and no CANN the loader falls back to the emulator and warns: one
+    'note:' line, the same text in the JSON, and its advice in terms of the option given."""
+    env = subprocess_env(ACL_SWIGLU_BACKEND=None, **NO_CANN_ENV)
+    proc = run_cli(tmp_path, "--json", "--backend", "auto", "--tokens", 4, "--hidden", 4, env=env)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert_schema(report, REPORT_SCHEMA)
+    [warning] = report["warnings"]
+    assert "no CANN installation found; running on the bundled CPU emulator" in warning
+    assert "Use --backend emulator to silence this" in warning and "ACL_SWIGLU_BACKEND" not in warning
+    assert proc.stderr.splitlines() == [f"note: {warning}"]
+
+
+def test_abi_help_says_the_install_decides_and_the_variable_overrides():
+    text = " ".join(cli.build_parser().format_help().split())
+    assert ("--abi {1,2} operator ABI revision, overriding what the install declares (with a warning when they "
+            "differ). Default: the revision the install's operator header declares (2 without one); "
+            "ACL_SWIGLU_ABI, when set, overrides that the same way") in text
+
+
+def test_option_names_replace_the_variables_the_cli_sets_for_them():
+    args = cli.build_parser().parse_args(["--backend", "cann", "--abi", "1"])
+    assert cli.as_the_user_set_it("ACL_SWIGLU_BACKEND=cann but no CANN was found; set ACL_SWIGLU_BACKEND=emulator "
+                                  "instead. Set ACL_SWIGLU_BACKEND=emulator to silence this", args) == (
+        "--backend cann but no CANN was found; use --backend emulator instead. Use --backend emulator to "
+        "silence this")
+    assert cli.as_the_user_set_it("acl_swiglu: ACL_SWIGLU_ABI=1 overrides ABI revision 2 declared by h.h; "
+                                  "Unset ACL_SWIGLU_ABI to follow the install.", args) == (
+        "acl_swiglu: --abi 1 overrides ABI revision 2 declared by h.h; Drop --abi to follow the install.")
+    plain = cli.build_parser().parse_args([])   # set in the environment: named as set
+    assert cli.as_the_user_set_it("ACL_SWIGLU_BACKEND='cann'", plain) == "ACL_SWIGLU_BACKEND='cann'"
+
+
+# ----------------------------------------------------------------------------- exit statuses 5 and 130
+
+
+@pytest.mark.emulator_only
+@pytest.mark.parametrize("code,name", [(207001, "ACL_ERROR_RT_MEMORY_ALLOCATION"), (207018, "ACL_ERROR_RT_DEVICE_OOM")])
+def test_device_out_of_memory_exits_5(tmp_path, code, name):
+    proc = run_cli(tmp_path, "--json", "--tokens", 8, "--hidden", 8,
+                   env=subprocess_env(ACL_EMU_FAIL=f"aclrtMalloc:1:{code}"))
+    assert proc.returncode == 5, proc.stderr
+    assert f"acl-swiglu-sample: device memory: aclrtMalloc failed with {name} ({code})" in proc.stderr
+    assert "not enough device memory for this problem (--tokens 8 --hidden 8): choose smaller sizes" in proc.stderr
+    report = json.loads(proc.stdout)
+    assert_schema(report, ERROR_REPORT_SCHEMA)
+    assert report["exit_status"] == 5 and report["error"]["kind"] == "acl" and report["error"]["code"] == code
+
+
+def _as_on_a_terminal():
+    """In the child: SIGINT as a terminal's foreground process has it (a run started in the
+    background of a non-interactive shell, as CI may start pytest, inherits it ignored)."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.mark.emulator_only
+def test_ctrl_c_during_repeat_exits_130_with_one_line(tmp_path):
+    import signal
+
+    proc = subprocess.Popen(ENTRY_POINTS["module"] + ["--repeat", str(10**9), "--no-check", "--tokens", "16",
+                                                      "--hidden", "4"],
+                            cwd=tmp_path, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=_as_on_a_terminal)
+    try:
+        lines = [proc.stdout.readline() for _ in range(25)]   # the run is under way once its values are out
+        assert lines[-1].startswith("gradWeight[9] = "), lines
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 130, err
+    assert err == "acl-swiglu-sample: interrupted\n"
+    assert "timing" not in out
+
+
+INTERRUPTED_JSON_RUN = """
+import os, signal, sys, threading
+import acl_swiglu.cli as cli
+
+timed = cli.time_phases
+def interrupted_soon(*args, **kwargs):   # Ctrl-C once the timing loops have begun
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+    return timed(*args, **kwargs)
+cli.time_phases = interrupted_soon
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.emulator_only
+def test_ctrl_c_with_json_prints_the_report(tmp_path):
+    proc = subprocess.run([sys.executable, "-c", INTERRUPTED_JSON_RUN, "--json", "--repeat", str(10**9),
+                           "--tokens", "4", "--hidden", "4"], cwd=tmp_path, env=subprocess_env(),
+                          capture_output=True, text=True, timeout=300, preexec_fn=_as_on_a_terminal)
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr == "acl-swiglu-sample: interrupted\n"
+    report = json.loads(proc.stdout)
+    assert_schema(report, ERROR_REPORT_SCHEMA)
+    assert report["exit_status"] == 130 and report["error"] == {"kind": "interrupted",
+                                                                "message": "interrupted (Ctrl-C)"}
+    assert report["inputs"]["shapes"]["x"] == [4, 8]
+
+
+@pytest.mark.parametrize("word", ["--j", "--js", "--jso", "--rep", "--no-c"])
+def test_abbreviations_are_usage_errors(capsys, word):
+    """An abbreviation used to be taken for its option on success but not by the JSON report of a
+    usage error; options are now spelt in full, so every abbreviation is a usage error alike."""
+    with pytest.raises(SystemExit) as exc:
+        cli.main([word, "--tokens", "4", "--hidden", "4"])
+    assert exc.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and f"unrecognized arguments: {word}" in captured.err
+
+
+def test_every_exit_status_is_documented():
+    """docs/cli.md, the module's docstring and --help list the same exit statuses, each once."""
+    documented = {code: text for code, text in cli.EXIT_STATUSES.items()}
+    assert set(documented) == {0, 1, 2, 3, 4, 5, 130, 141}
+    page = (Path(__file__).resolve().parent.parent / "docs" / "cli.md").read_text()
+    table = dict(re.findall(r"^\| (\d+) \| (.+?) \|$", page, flags=re.M))
+    assert sorted(map(int, table)) == sorted(documented), table
+    help_text = cli.build_parser().format_help()
+    for code, text in documented.items():
+        assert re.search(rf"^  {code} +{re.escape(text)}$", help_text, flags=re.M), (code, help_text)
+        assert re.search(rf"^  {code} +", cli.__doc__, flags=re.M), code

@@ -310,6 +310,124 @@ def test_swiglu_refuses_bad_arguments():
         at.SwiGLU(clamp_limit=0.0)
 
 
+def _plain_forward(x, weight, clamp_limit, trunc):
+    """The forward as one torch expression in fp32, rounded once to x's dtype."""
+    gate, value = x.float().chunk(2, dim=-1)
+    if clamp_limit is not None:
+        gate, value = gate.clamp(max=clamp_limit), value.clamp(-clamp_limit, clamp_limit)
+    y = torch.nn.functional.silu(gate) * value
+    rows = torch.arange(math.prod(x.shape[:-1])).reshape(*x.shape[:-1], 1)
+    y = torch.where(rows < trunc, y, torch.zeros(()))
+    if weight is not None:
+        y = y * weight.float().reshape(*x.shape[:-1], 1)
+    return y.to(x.dtype)
+
+
+@pytest.fixture
+def one_thread():
+    """torch in one thread: the split of an elementwise loop between threads decides which
+    elements get torch's vectorised exp and which its scalar one, which differ in the last bit."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,group", [((9000, 2 * 40), [5000, 1300]), ((3, 1100, 2 * 96), None),
+                                         ((2000, 2 * 33), [1999]), ((0, 2 * 8), None), ((5, 0), [2])])
+def test_the_eager_forward_is_the_one_expression_form_bit_for_bit(dtype, shape, group, one_thread):
+    """The eager CPU forward runs a block of rows at a time (the first three shapes span several
+    blocks) with the one expression's fp32 operations, in its order and on its layouts: the same
+    bits, NaN, inf, -0.0 and truncated rows included."""
+    x = _random(shape, dtype, 70, scale=4.0)
+    rows = math.prod(shape[:-1])
+    flat = x.view(rows, shape[-1])
+    if flat.numel():
+        flat[0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")], dtype=dtype)
+        flat[1, :2] = torch.tensor([2.0, -2.0], dtype=dtype)   # on the clamp limit
+    weight = torch.rand(rows, generator=torch.Generator().manual_seed(71)) - 0.25   # some negative
+    if rows:
+        weight[-1] = float("nan")
+    group_index = torch.tensor(group, dtype=torch.int64) if group else None
+    trunc = min(sum(group), rows) if group else rows
+    strided = torch.cat([x, x], dim=-1)[..., :shape[-1]]     # a view with a row stride of 2 rows
+    for clamp_limit in (None, 2.0):
+        for w in (None, weight):
+            for source in (x, strided):
+                got = at.swiglu(source, w, clamp_limit=clamp_limit, group_index=group_index)
+                expected = _plain_forward(source, w, clamp_limit, trunc)
+                assert got.shape == expected.shape
+                assert torch.equal(_as_int(got), _as_int(expected)), (clamp_limit, w is None, source is x)
+
+
+@pytest.mark.parametrize("weight_dtype", [torch.float16, torch.bfloat16])
+def test_half_and_bfloat16_weights_are_widened_and_their_gradient_rounded_back(weight_dtype):
+    x = _random((12, 48), torch.bfloat16, 80)
+    weight = (torch.rand(12, 1, generator=torch.Generator().manual_seed(81)) + 0.5).to(weight_dtype)
+    grad_out = _random((12, 24), torch.bfloat16, 82, 1.0)
+    results = []
+    for w in (weight, weight.float()):   # the widened copy holds exactly the same values
+        x_leaf, w_leaf = x.clone().requires_grad_(), w.clone().requires_grad_()
+        out = at.swiglu(x_leaf, w_leaf, clamp_limit=3.0)
+        out.backward(grad_out)
+        results.append((out, x_leaf.grad, w_leaf.grad))
+    (out, grad_x, grad_w), (out32, grad_x32, grad_w32) = results
+    assert torch.equal(_as_int(out), _as_int(out32)) and torch.equal(_as_int(grad_x), _as_int(grad_x32))
+    assert grad_w.dtype == weight_dtype and grad_w.shape == weight.shape
+    assert torch.equal(grad_w, grad_w32.to(weight_dtype))   # computed in fp32, rounded once
+    # the Python-level operator call too
+    y_origin = _random((12, 24), torch.bfloat16, 83)
+    got = at.swiglu_group_quant_grad(grad_out, x, weight=weight, y_origin=y_origin)
+    expected = at.swiglu_group_quant_grad(grad_out, x, weight=weight.float(), y_origin=y_origin)
+    assert torch.equal(_as_int(got[0]), _as_int(expected[0]))
+    assert got[1].dtype == weight_dtype and torch.equal(got[1], expected[1].to(weight_dtype))
+    with pytest.raises(acl_swiglu.ArgumentError, match="weight has dtype torch.float16; the operator takes"):
+        OP(grad_out, x, weight=weight.half(), y_origin=y_origin)   # the raw operator keeps its fp32 rule
+
+
+@pytest.mark.parametrize("abi", [1, 2], indirect=True)
+def test_weights_shaped_t_or_by_leading_dims_give_the_same_gradients(abi):
+    """[T], [T, 1], x's leading dims and those followed by 1 are one weight per row in x's row
+    order, on either ABI revision; a shape that could be read in another order is refused."""
+    x = _random((2, 3, 32), torch.float32, 90)
+    grad_out = _random((2, 3, 16), torch.float32, 91, 1.0)
+    base = torch.rand(6, generator=torch.Generator().manual_seed(92)) + 0.5
+    results = []
+    for shape in [(6,), (6, 1), (2, 3), (2, 3, 1)]:
+        x_leaf, w_leaf = x.clone().requires_grad_(), base.reshape(shape).clone().requires_grad_()
+        out = at.swiglu(x_leaf, w_leaf, clamp_limit=1.0)
+        out.backward(grad_out)
+        assert w_leaf.grad.shape == shape
+        direct = at.swiglu_group_quant_grad(grad_out, x, weight=w_leaf.detach(),
+                                            y_origin=at.swiglu(x, clamp_limit=1.0), clamp_limit=1.0)
+        assert direct[1].shape == shape and torch.equal(direct[1], w_leaf.grad)
+        results.append((out, x_leaf.grad, w_leaf.grad.reshape(-1)))
+    for out, grad_x, grad_w in results[1:]:
+        assert torch.equal(out, results[0][0]) and torch.equal(grad_x, results[0][1])
+        assert torch.equal(grad_w, results[0][2])
+    message = r"weight has shape \[3, 2\]; for x of shape \[2, 3, 32\] it must be one of \[6\], \[6, 1\], \[2, 3\]"
+    with pytest.raises(acl_swiglu.ArgumentError, match=message):
+        at.swiglu(x, base.reshape(3, 2))
+    with pytest.raises(acl_swiglu.ArgumentError, match=message):
+        at.swiglu_group_quant_grad(grad_out, x, weight=base.reshape(3, 2), y_origin=grad_out)
+
+
+def test_compile_with_a_bfloat16_flat_weight():
+    torch._dynamo.reset()
+    module = at.SwiGLU(clamp_limit=1.0)
+    compiled = torch.compile(_train_step(module), fullgraph=True, dynamic=True, backend="aot_eager")
+    grads = []
+    for fn in (compiled, _train_step(module)):
+        x = _random((10, 32), torch.bfloat16, 95).requires_grad_()
+        weight = (torch.rand(10, generator=torch.Generator().manual_seed(96)) + 0.5).bfloat16().requires_grad_()
+        fn(x, weight, torch.tensor([8], dtype=torch.int64)).backward()
+        grads.append((x.grad, weight.grad))
+    assert grads[0][1].dtype == torch.bfloat16
+    assert torch.equal(_as_int(grads[0][0]), _as_int(grads[1][0])) and torch.equal(grads[0][1], grads[1][1])
+    torch._dynamo.reset()
+
+
 # ---- torch.compile and torch.export ----
 
 
@@ -671,3 +789,26 @@ def test_revision_1_takes_the_same_calls(abi, npu_stand_in):
         for grad_x, grad_weight in (on_cpu, on_device):
             np.testing.assert_array_equal(_numpy(grad_x).view(np.int16), expect_x.view(np.int16))
             np.testing.assert_array_equal(_numpy(grad_weight), expect_w)
+
+
+@pytest.mark.allow_live_handles   # it runs in a child process
+@pytest.mark.slow   # a timed benchmark run in a child process, like tests/test_benchmarks.py
+def test_recompute_benchmark_reports_both_settings_and_the_memory_they_keep():
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "torch_recompute.py"
+    result = subprocess.run([sys.executable, str(script), "--quick", "--json"], capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads(result.stdout)
+    assert set(data["sizes"]) == {"T=1024 H=512", "T=2048 H=256"}
+    for size, figures in data["sizes"].items():
+        rows, hidden = (int(part.split("=")[1]) for part in size.split())
+        x_mib, y_mib, weight_mib = rows * 2 * hidden * 2 / 2**20, rows * hidden * 2 / 2**20, rows * 4 / 2**20
+        # what autograd keeps: x and the fp32 weight; with recompute_y_origin=False y_origin too
+        assert figures["recompute"]["saved_mib"] == pytest.approx(x_mib + weight_mib)
+        assert figures["keep"]["saved_mib"] == pytest.approx(x_mib + weight_mib + y_mib)
+        for name in ("recompute", "keep", "recompute, one expression"):
+            assert figures[name]["forward_ms"] > 0 and figures[name]["backward_ms"] > 0

@@ -2,20 +2,22 @@
 expert's feed-forward layer backed by the operator (acl_swiglu.torch.swiglu).
 
 Every rank holds one expert and a shard of the tokens. A replicated top-1 router picks each
-token's expert and its gate weight; the tokens and gates go to the expert's rank with
+token's expert and its routing weight; the tokens and weights go to the expert's rank with
 all_to_all; each expert fills a fixed-capacity buffer (group_index: the token count from each
-source rank, so the padding rows are never computed), runs w1 -> swiglu(weight=gate) -> w2,
+source rank, so the padding rows are never computed), runs w1 -> swiglu(weight=routing weight) -> w2,
 and sends the results back with all_to_all. The backward runs through the operator and the
-all_to_alls; the router's gradients are all_reduced. Each rank saves its results, which the
-test compares with ``single_process`` (the same model, every expert in one process).
+all_to_alls; the router's gradients are all_reduced. Each rank compares its results with
+``single_process`` (the same model, every expert in one process) and rank 0 prints the verdict
+(exit status 1 when any rank's results differ); with --out each rank also saves them, which
+tests/test_torch_distributed.py compares again.
 
 On this machine (CPU emulator, gloo, two emulated devices):
 
-    ACL_EMU_DEVICES=2 torchrun --standalone --nproc-per-node=2 tests/torchrun_moe.py --out DIR
+    ACL_EMU_DEVICES=2 torchrun --standalone --nproc-per-node=2 tests/torchrun_moe.py
 
 On an Ascend 950 host with torch_npu (HCCL, one NPU per rank):
 
-    torchrun --standalone --nproc-per-node=2 tests/torchrun_moe.py --out DIR --device npu
+    torchrun --standalone --nproc-per-node=2 tests/torchrun_moe.py --device npu
 """
 
 from __future__ import annotations
@@ -52,17 +54,17 @@ def tokens(ranks: int):
 
 
 def route(x, router):
-    """Top-1 routing: each token's expert and gate weight (its softmax probability)."""
+    """Top-1 routing: each token's expert and routing weight (its softmax probability)."""
     probabilities = torch.softmax(x @ router, dim=-1)
-    gate, expert = probabilities.max(dim=-1)
-    return expert, gate
+    routing_weight, expert = probabilities.max(dim=-1)
+    return expert, routing_weight
 
 
-def expert_layer(buffer, gates, counts, w1, w2):
+def expert_layer(buffer, routing_weights, counts, w1, w2):
     """One expert on its capacity buffer (valid rows first, counts per source): bf16 SwiGLU
-    weighted by the gates, rows past sum(counts) left zero by the operator's truncation."""
+    weighted by the routing weights, rows past sum(counts) left zero by the operator's truncation."""
     h = (buffer @ w1).to(torch.bfloat16)
-    y = acl_torch.swiglu(h, gates, clamp_limit=CLAMP, group_index=counts)
+    y = acl_torch.swiglu(h, routing_weights, clamp_limit=CLAMP, group_index=counts)
     return y.float() @ w2
 
 
@@ -75,14 +77,14 @@ def single_process(ranks: int) -> dict:
     it, in the same order (by source rank, then by position)."""
     router, w1, w2 = (p.clone().requires_grad_() for p in parameters(ranks))
     x, target = tokens(ranks)
-    expert, gate = route(x, router)
+    expert, routing_weight = route(x, router)
     capacity = x.shape[0]
     out = torch.zeros_like(x)
     for e in range(ranks):
         chosen = (expert == e).nonzero().flatten()
         counts = torch.stack([((expert[r * TOKENS_PER_RANK:(r + 1) * TOKENS_PER_RANK]) == e).sum()
                               for r in range(ranks)])
-        result = expert_layer(_padded(x[chosen], capacity), _padded(gate[chosen], capacity), counts, w1[e], w2[e])
+        result = expert_layer(_padded(x[chosen], capacity), _padded(routing_weight[chosen], capacity), counts, w1[e], w2[e])
         out = out.index_put((chosen,), result[:chosen.numel()])
     loss = ((out - target) ** 2).sum()
     loss.backward()
@@ -104,16 +106,16 @@ def distributed_step(rank: int, ranks: int, device: torch.device) -> dict:
     mine = slice(rank * TOKENS_PER_RANK, (rank + 1) * TOKENS_PER_RANK)
     x, target = x_all[mine].to(device), target_all[mine].to(device)
 
-    expert, gate = route(x, router)
+    expert, routing_weight = route(x, router)
     order = torch.argsort(expert, stable=True)   # grouped by destination, positions kept
     send_counts = torch.bincount(expert, minlength=ranks)
     receive_counts = torch.empty_like(send_counts)
     dist.all_to_all_single(receive_counts, send_counts)
 
     received = _all_to_all(x[order], send_counts, receive_counts)
-    received_gates = _all_to_all(gate[order], send_counts, receive_counts)
+    received_weights = _all_to_all(routing_weight[order], send_counts, receive_counts)
     capacity = ranks * TOKENS_PER_RANK
-    result = expert_layer(_padded(received, capacity), _padded(received_gates, capacity), receive_counts, w1, w2)
+    result = expert_layer(_padded(received, capacity), _padded(received_weights, capacity), receive_counts, w1, w2)
     returned = _all_to_all(result[:received.shape[0]], receive_counts, send_counts)
     out = torch.empty_like(returned).index_put((order,), returned)
 
@@ -139,9 +141,53 @@ def current_acl_device(device: torch.device):
     return value.value if status == 0 else f"aclrtGetDevice failed with {status}"
 
 
+# How close each rank's results must be to the single process's: on the CPU the same operations
+# in the same order up to the collectives' summation order; on an NPU the matmuls round
+# differently from the CPU's, which the bf16 activations can carry to a bf16 unit.
+TOLERANCES = {"cpu": dict(rtol=1.3e-6, atol=1e-5), "npu": dict(rtol=1e-2, atol=1e-2)}
+
+
+def compare(rank: int, ranks: int, got: dict, expected: dict, device_type: str) -> list:
+    """The differences of this rank's results from the single process's, as 'name: text' lines."""
+    rows = slice(rank * TOKENS_PER_RANK, (rank + 1) * TOKENS_PER_RANK)
+    pairs = {"out": (got["out"], expected["out"][rows]), "loss": (got["loss"], expected["loss"]),
+             "router_grad": (got["router_grad"], expected["router_grad"]),
+             "w1_grad": (got["w1_grad"], expected["w1_grad"][rank]),
+             "w2_grad": (got["w2_grad"], expected["w2_grad"][rank])}
+    problems = []
+    for name, (actual, wanted) in pairs.items():
+        try:
+            torch.testing.assert_close(actual, wanted, **TOLERANCES[device_type])
+        except AssertionError as error:
+            problems.append(f"{name}: {str(error).splitlines()[0]}")
+    if device_type == "cpu" and got["acl_device"] != rank:
+        problems.append(f"acl_device: rank {rank}'s ACL work ran on device {got['acl_device']!r}")
+    return problems
+
+
+def verdict(rank: int, ranks: int, got: dict, device: torch.device) -> bool:
+    """Every rank checks its part; rank 0 prints the verdict for all of them."""
+    expected = single_process(ranks)
+    problems = compare(rank, ranks, got, expected, device.type)
+    mine = got["out"] - expected["out"][rank * TOKENS_PER_RANK:(rank + 1) * TOKENS_PER_RANK]
+    failures = torch.tensor([float(len(problems))], dtype=torch.float64, device=device)
+    largest = torch.tensor([float(mine.abs().max())], dtype=torch.float64, device=device)
+    dist.all_reduce(failures)
+    dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+    for line in problems:
+        print(f"rank {rank}: {line}", flush=True)
+    passed = int(failures.item()) == 0
+    if rank == 0:
+        print(f"loss {float(got['loss']):.6g} (one process: {float(expected['loss']):.6g}); each rank's outputs, "
+              f"the router's gradient and its expert's gradients against one process: largest output difference "
+              f"{largest.item():.3g}", flush=True)
+        print(f"verdict: {'PASS' if passed else 'FAIL'}", flush=True)
+    return passed
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, type=Path, help="directory for each rank's results (rank<N>.pt)")
+    parser.add_argument("--out", type=Path, help="also save each rank's results in this directory (rank<N>.pt)")
     parser.add_argument("--device", choices=("cpu", "npu"), default="cpu",
                         help="cpu: tensors on the host, gloo, one emulated device per rank; npu: torch_npu, HCCL")
     args = parser.parse_args(argv)
@@ -158,11 +204,13 @@ def main(argv=None) -> int:
     try:
         results = distributed_step(rank, ranks, device)
         results["rank"] = rank
-        args.out.mkdir(parents=True, exist_ok=True)
-        torch.save(results, args.out / f"rank{rank}.pt")
+        if args.out is not None:
+            args.out.mkdir(parents=True, exist_ok=True)
+            torch.save(results, args.out / f"rank{rank}.pt")
+        passed = verdict(rank, ranks, results, device)
     finally:
         dist.destroy_process_group()
-    return 0
+    return 0 if passed else 1
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ static size_t rule_count;
 /* Read without the lock on every call, so that an empty plan costs one load. */
 static int plan_active;
 static int64_t injected;
+/* Who set the plan, for the injected failure's message (under fault_lock). */
+static const char *plan_source = "ACL_EMU_FAIL";
 
 static int parse_rule(const char *text, size_t len, fault_rule *out)
 {
@@ -63,7 +65,7 @@ static int parse_rule(const char *text, size_t len, fault_rule *out)
     return 0;
 }
 
-static int set_plan(const char *spec)
+static int set_plan(const char *spec, const char *source)
 {
     fault_rule parsed[MAX_FAULTS];
     size_t count = 0;
@@ -85,6 +87,7 @@ static int set_plan(const char *spec)
     memcpy(rules, parsed, count * sizeof parsed[0]);
     rule_count = count;
     injected = 0;
+    plan_source = source;
     __atomic_store_n(&plan_active, count > 0, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&fault_lock);
     return 0;
@@ -92,7 +95,7 @@ static int set_plan(const char *spec)
 
 EMU_EXPORT aclError aclEmuSetFaults(const char *spec)
 {
-    if (set_plan(spec) != 0) {
+    if (set_plan(spec, "aclEmuSetFaults") != 0) {
         return aclEmu_fail(ACL_ERROR_INVALID_PARAM, "aclEmuSetFaults",
                            "cannot parse \"%s\": expected name:N:code[,name:N:code...] with N >= 1",
                            spec);
@@ -103,7 +106,7 @@ EMU_EXPORT aclError aclEmuSetFaults(const char *spec)
 __attribute__((constructor)) static void plan_from_environment(void)
 {
     const char *faults = getenv("ACL_EMU_FAIL");
-    if (faults != NULL && *faults != '\0' && set_plan(faults) != 0) {
+    if (faults != NULL && *faults != '\0' && set_plan(faults, "ACL_EMU_FAIL") != 0) {
         fprintf(stderr, "acl-swiglu emulator: ignoring ACL_EMU_FAIL=%s (%s)\n", faults,
                 "expected name:N:code[,name:N:code...]");
     }
@@ -124,6 +127,7 @@ int aclEmu_fault(const char *api)
     }
     int code = 0;
     uint64_t nth = 0;
+    const char *source = NULL;
     pthread_mutex_lock(&fault_lock);
     for (size_t i = 0; i < rule_count; i++) {
         if (strcmp(rules[i].api, api) == 0) {
@@ -131,14 +135,15 @@ int aclEmu_fault(const char *api)
             if (rules[i].calls == rules[i].nth && code == 0) {
                 code = rules[i].code;
                 nth = rules[i].nth;
+                source = plan_source;
                 injected++;
             }
         }
     }
     pthread_mutex_unlock(&fault_lock);
     if (code != 0) {
-        aclEmu_fail(code, api, "injected fault (call %llu of %s, planned by ACL_EMU_FAIL)",
-                    (unsigned long long)nth, api);
+        aclEmu_fail(code, api, "injected fault (call %llu of %s, planned by %s)",
+                    (unsigned long long)nth, api, source);
     }
     return code;
 }
