@@ -97,9 +97,10 @@ class Binding(Owned):
         changed: List[Tuple[str, Optional[int]]] = []
         try:
             for name, array in arrays.items():
-                if array.closed:
-                    raise HandleClosedError(f"{name} is a closed DeviceArray; its device memory was freed")
-                address = array.ptr
+                try:
+                    address = array.ptr
+                except HandleClosedError:
+                    raise HandleClosedError(f"{name} is a closed DeviceArray; its device memory was freed") from None
                 previous = self.addresses[name]
                 if address != previous:
                     self.addresses[name] = None   # (unknown until the setter returns)
