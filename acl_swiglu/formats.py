@@ -178,7 +178,8 @@ def _fp4_codes(values: np.ndarray, t: DstType) -> np.ndarray:
     # On a midpoint (upto > below) the tie goes to the even code of the two.
     codes = np.where((upto > below) & (below % 2 == 1), upto, below).astype(np.uint8)
     codes |= (np.signbit(values).astype(np.uint8) << 3)
-    return np.where(np.isnan(values), np.uint8(0), codes).astype(np.uint8)
+    packed: np.ndarray = np.where(np.isnan(values), np.uint8(0), codes).astype(np.uint8)
+    return packed
 
 
 def pack_fp4(values: npt.ArrayLike, dst_type: DstTypeLike) -> np.ndarray:
@@ -213,7 +214,8 @@ def e8m0_scales(scales: npt.ArrayLike) -> np.ndarray:
     data = _e8m0_bytes(scales)
     with np.errstate(over="ignore"):   # 0xFF's 2^128: NaN instead
         values = np.ldexp(np.float32(1.0), data.astype(np.int32) - 127).astype(np.float32)
-    return np.where(data == 0xFF, np.float32(np.nan), values).astype(np.float32)
+    decoded: np.ndarray = np.where(data == 0xFF, np.float32(np.nan), values).astype(np.float32)
+    return decoded
 
 
 def e8m0_view(scales: npt.ArrayLike) -> np.ndarray:

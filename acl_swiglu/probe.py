@@ -85,11 +85,13 @@ def _random_u64(seed: int, n: int) -> np.ndarray:
         z = index * np.uint64(0x9E3779B97F4A7C15) + np.uint64(seed % (1 << 64))
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
+    mixed: np.ndarray = z ^ (z >> np.uint64(31))
+    return mixed
 
 
 def _uniform01(seed: int, n: int) -> np.ndarray:
-    return (_random_u64(seed, n) >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+    uniform: np.ndarray = (_random_u64(seed, n) >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+    return uniform
 
 
 def _cast(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -206,7 +208,8 @@ def inputs_digest(inputs: Json) -> str:
 
 
 def _dtype_name(dtype: np.dtype) -> str:
-    return {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(dtype.name, dtype.name)
+    name: str = dtype.name
+    return {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(name, name)
 
 
 def encode(array: np.ndarray) -> Json:

@@ -747,12 +747,12 @@ def _fp8_codes(q: np.ndarray, name: str) -> np.ndarray:
     """fp32 -> FP8 codes, round half to even, not saturating; NaN stored as the emulator's code."""
     with np.errstate(all="ignore"):
         codes = np.ascontiguousarray(q, dtype=np.float32).astype(_formats.as_dst_type(name).storage_dtype)
-    codes = codes.view(np.uint8).copy()
+    codes_u8: np.ndarray = codes.view(np.uint8).copy()
     nan = np.isnan(q)
     if name == "float8_e4m3fn":
-        nan |= (codes & 0x7F) == 0x7F      # overflow and inf: NaN of either sign
-    codes[nan] = _FP8_NAN[name]
-    return codes
+        nan |= (codes_u8 & 0x7F) == 0x7F      # overflow and inf: NaN of either sign
+    codes_u8[nan] = _FP8_NAN[name]
+    return codes_u8
 
 
 @dataclass
@@ -852,7 +852,8 @@ def _fp4_operand_bf16(v16: np.ndarray, fp16: bool, name: str) -> np.ndarray:
     low = v16 & _FWD_STICKY[name]
     bits = np.where((low > 0) & (low < 8), v16 | 0x0008, v16).astype(np.uint16)
     widened = bits.view(np.float16).astype(np.float32).view(np.uint32)
-    return (widened & np.uint32(0xFFFF0000)).view(np.float32)
+    truncated: np.ndarray = (widened & np.uint32(0xFFFF0000)).view(np.float32)
+    return truncated
 
 
 def _fp4_key(v16: np.ndarray, fp16: bool) -> np.ndarray:

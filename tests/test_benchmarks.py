@@ -26,7 +26,8 @@ def test_run_py_quick_reports_every_target(tmp_path):
     targets = {f"{section}.{key}" for section in ("host_overhead", "kernel", "reference")
                for key in data[section]["targets"]}
     assert targets == {"host_overhead.one_shot_ratio", "host_overhead.device_call_ratio",
-                       "host_overhead.plan_call_ratio", "kernel.one_shot_vs_copy",
+                       "host_overhead.plan_call_ratio", "host_overhead.device_call_alternating_ratio",
+                       "kernel.one_shot_vs_copy",
                        "kernel.bf16_weight_clamp_fraction", "kernel.identical_bytes",
                        "reference.time_vs_kernel", "reference.peak_memory"}
     # The bytes are the same whatever the kernel build or thread count: that one is not a timing.

@@ -52,7 +52,7 @@ def _runtime_library(name: str) -> str:
     return path
 
 
-def test_python_tests_under_asan_and_ubsan(asan_build):
+def test_python_tests_under_asan_and_ubsan(asan_build, tmp_path):
     # Python is not instrumented: the ASan runtime must be loaded first, and CPython's own
     # allocations at exit are not the emulator's leaks (the tests check live handles instead).
     # Some tests ask NumPy for impossible host arrays on purpose: let malloc fail as it would.
@@ -65,14 +65,16 @@ def test_python_tests_under_asan_and_ubsan(asan_build):
         "ACL_SWIGLU_EMULATOR_DIR": str(asan_build / "emulator" / "lib64"),
         "PYTHONFAULTHANDLER": "1",
     })
-    code, output = _run([sys.executable, "-c", "import acl_swiglu; print(acl_swiglu.backend_info().runtime)"], env=env)
+    # (run away from the clone's root, whose acl_swiglu/ would come first on sys.path)
+    code, output = _run([sys.executable, "-c", "import acl_swiglu; print(acl_swiglu.backend_info().runtime)"], env=env,
+                        cwd=tmp_path)
     assert code == 0, output
     assert str(asan_build) in output, f"the sanitizer build was not the one loaded: {output}"
     selected = [str(ROOT / "tests" / name) for name in
                 ("test_binding.py", "test_errors.py", "test_faults.py", "test_concurrency.py", "test_bad_inputs.py")
                 if (ROOT / "tests" / name).exists()]
     code, output = _run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                         "--rootdir", str(ROOT), *selected, "-k", "not sanitizers"], env=env)
+                         "--rootdir", str(ROOT), *selected, "-k", "not sanitizers"], env=env, cwd=tmp_path)
     assert code == 0, output[-8000:]
     _no_reports(output)
     # The children really ran on the sanitizer build.
