@@ -310,8 +310,8 @@ PRELUDE = textwrap.dedent(f"""
         return {{"type": type(exc).__name__, "message": str(exc),
                  "library_not_found": isinstance(exc, acl_swiglu.LibraryNotFoundError),
                  "configuration": isinstance(exc, acl_swiglu.ConfigurationError)}}
+    # From now on the loader's every dlopen also appends the opened file's path to `paths`.
     def record_opens(paths):
-        """From now on the loader's every dlopen also appends the opened file's path to `paths`."""
         from acl_swiglu import _trust
         real = _trust._dlopen
 
@@ -321,9 +321,9 @@ PRELUDE = textwrap.dedent(f"""
 
         _trust._dlopen = recording
 
+    # work(i) for i < n, each on a thread of its own, all released together; the repr of each
+    # exception they raised.
     def at_once_on_threads(n, work):
-        """work(i) for i < n, each on a thread of its own, all released together; the repr of
-        each exception they raised."""
         import threading
         barrier = threading.Barrier(n)
         errors = []
