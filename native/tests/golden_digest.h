@@ -35,6 +35,27 @@ static inline uint64_t golden_fnv1a64(const void *data, size_t size)
     return h;
 }
 
+/* ---- the runtime around the cases ---- */
+
+/* aclInit, device 0 and a stream for the cases: 0, or -1 after saying that `test` could not
+ * start. */
+static inline int golden_open(const char *test, aclrtStream *stream)
+{
+    *stream = NULL;
+    if (aclInit(NULL) != ACL_SUCCESS || aclrtSetDevice(0) != ACL_SUCCESS || aclrtCreateStream(stream) != ACL_SUCCESS) {
+        fprintf(stderr, "%s: ACL setup failed\n", test);
+        return -1;
+    }
+    return 0;
+}
+
+static inline void golden_close(aclrtStream stream)
+{
+    aclrtDestroyStream(stream);
+    aclrtResetDevice(0);
+    aclFinalize();
+}
+
 /* ---- device tensors through the public path ---- */
 
 typedef struct {

@@ -195,11 +195,8 @@ static void case_name(const golden_case *c, char *out, size_t size)
 
 int main(void)
 {
-    aclrtStream stream = NULL;
-    if (aclInit(NULL) != ACL_SUCCESS || aclrtSetDevice(0) != ACL_SUCCESS || aclrtCreateStream(&stream) != ACL_SUCCESS) {
-        fprintf(stderr, "test_forward_golden: ACL setup failed\n");
-        return 1;
-    }
+    aclrtStream stream;
+    if (golden_open("test_forward_golden", &stream) != 0) return 1;
     const golden_table table = {"test_forward_golden", FORWARD_GOLDEN, sizeof FORWARD_GOLDEN / sizeof FORWARD_GOLDEN[0],
                                 "FORWARD_GOLDEN", "y", "y_scale", "model"};
     golden_case cases[MAX_CASES];
@@ -214,8 +211,6 @@ int main(void)
         golden_check(&table, name, y, scale);
     }
     CHECK_EQ_INT(table.count, n);   /* no digest left over from removed cases */
-    aclrtDestroyStream(stream);
-    aclrtResetDevice(0);
-    aclFinalize();
+    golden_close(stream);
     return emu_test_finish("test_forward_golden");
 }

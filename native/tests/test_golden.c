@@ -237,12 +237,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: %s [--print]\n", argv[0]);
         return 2;
     }
-    aclrtStream stream = NULL;
-    if (aclInit(NULL) != ACL_SUCCESS || aclrtSetDevice(0) != ACL_SUCCESS ||
-        aclrtCreateStream(&stream) != ACL_SUCCESS) {
-        fprintf(stderr, "test_golden: ACL setup failed\n");
-        return 1;
-    }
+    aclrtStream stream;
+    if (golden_open("test_golden", &stream) != 0) return 1;
     const golden_table table = {"test_golden", GOLDEN, sizeof GOLDEN / sizeof GOLDEN[0], "GOLDEN (see --print)",
                                 "gradX", "gradWeight", "golden"};
     golden_case cases[MAX_CASES];
@@ -264,9 +260,7 @@ int main(int argc, char **argv)
     }
     if (print) printf("};\n");
     else CHECK_EQ_INT(table.count, n); /* no digest left over from removed cases */
-    aclrtDestroyStream(stream);
-    aclrtResetDevice(0);
-    aclFinalize();
+    golden_close(stream);
     if (print) return emu_test_failures ? 1 : 0;
     return emu_test_finish("test_golden");
 }
