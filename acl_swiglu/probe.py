@@ -37,7 +37,7 @@ import tempfile
 import time
 import zlib
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 import numpy as np
 
@@ -54,6 +54,7 @@ SENTINEL = {"fp32": 0x7FA5A5A5, "fp16": 0x7D5A, "bf16": 0x7FA5}
 FP32_ONE = 0x3F800000
 
 Json = Dict[str, Any]
+T = TypeVar("T")
 
 
 # ============================================================================ inputs from recipes
@@ -1351,21 +1352,23 @@ def _families(text: str) -> Tuple[str, ...]:
     return names
 
 
-def _timeout(text: str) -> float:
+def _converted(text: str, kind: Callable[[str], T], what: str) -> T:
+    """kind(text), or the argument error that says the text is not `what`."""
     try:
-        value = float(text)
+        return kind(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+
+
+def _timeout(text: str) -> float:
+    value = _converted(text, float, "a number of seconds")
     if not value > 0 or value != value or value == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text}")
     return value
 
 
 def _jobs(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    value = _converted(text, int, "a whole number")
     if not 1 <= value <= 64:
         raise argparse.ArgumentTypeError(f"must be 1..64, got {value}")
     return value

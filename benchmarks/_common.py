@@ -45,6 +45,13 @@ def run_json(cmd: List[str], env: Optional[Dict[str, str]] = None, timeout: int 
     return json.loads(result.stdout)
 
 
+def run_child_on_emulator(script: str, quick: bool) -> dict:
+    """Builds the emulator, then runs `script --child [--quick]` on it in a fresh Python and
+    returns what the child printed as JSON (the measuring half of a benchmark script)."""
+    build = build_native()
+    return run_json([sys.executable, script, "--child"] + (["--quick"] if quick else []), env=emulator_env(build))
+
+
 def time_calls(fn: Callable[[], object], repeats: int, warmup: int = 3, batch: int = 1) -> List[float]:
     """Seconds per call: each sample is the mean of `batch` calls in a row (so the clock's own
     cost is spread over them), as the C drivers do."""

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import benchmark_main, build_native, emulator_env, run_json, table, verdict  # noqa: E402
+from _common import benchmark_main, run_child_on_emulator, table, verdict  # noqa: E402
 
 SIZES = ((1024, 1024), (4096, 2048), (8192, 4096))
 QUICK_SIZES = ((256, 512), (1024, 1024), (2048, 2048))
@@ -124,8 +124,7 @@ def child(quick: bool) -> dict:
 
 
 def measure(quick: bool) -> dict:
-    build = build_native()
-    data = run_json([sys.executable, __file__, "--child"] + (["--quick"] if quick else []), env=emulator_env(build))
+    data = run_child_on_emulator(__file__, quick)
     largest = max(e["rows"] * e["hidden"] for e in data["kernel"])
     mode0 = next(e for e in data["kernel"] if e["rows"] * e["hidden"] == largest and e["quant_mode"] == 0)
     worst_host = max(data["host"].values(), key=lambda h: h["ratio"])

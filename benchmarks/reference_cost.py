@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import benchmark_main, build_native, emulator_env, run_json, table, verdict  # noqa: E402
+from _common import benchmark_main, run_child_on_emulator, table, verdict  # noqa: E402
 
 SIZES = ((4096, 4096), (8192, 4096), (16384, 4096))
 QUICK_SIZES = ((512, 1024), (1024, 1024), (2048, 1024))
@@ -82,8 +82,7 @@ def child(quick: bool) -> dict:
 
 
 def measure(quick: bool) -> dict:
-    build = build_native()
-    data = run_json([sys.executable, __file__, "--child"] + (["--quick"] if quick else []), env=emulator_env(build))
+    data = run_child_on_emulator(__file__, quick)
     largest = data["sizes"][-1]
     data["targets"] = {
         "time_vs_kernel": {"value": largest["ratio"], "target": f"<= {TIME_TARGET:.0f}x the kernel",

@@ -32,6 +32,12 @@ F16 = np.dtype(np.float16)
 
 # dst codes (aclDataType)
 E5M2, E4M3FN, E2M1, E1M2 = 35, 36, 40, 41
+# Their names in the package, and the (dst, quant mode, round_scale) combinations the emulator
+# runs, with a pytest id each.
+NAMES = {E4M3FN: "float8_e4m3fn", E5M2: "float8_e5m2", E2M1: "float4_e2m1fn", E1M2: "float4_e1m2"}
+COMBINATIONS = [(E4M3FN, 0, False), (E4M3FN, 0, True), (E5M2, 0, False), (E5M2, 0, True),
+                (E4M3FN, 1, True), (E5M2, 1, True), (E2M1, 1, True), (E1M2, 1, True)]
+COMBINATION_IDS = [f"{NAMES[d]}-mode{m}{'-round' if r and m == 0 else ''}" for d, m, r in COMBINATIONS]
 FP8 = (E4M3FN, E5M2)
 FP4 = (E2M1, E1M2)
 
@@ -300,8 +306,7 @@ class GoldenCase:
 def golden_cases() -> List[GoldenCase]:
     cases = []
     for fp16 in (True, False):
-        for dst, mode, round_scale in ((E4M3FN, 0, False), (E4M3FN, 0, True), (E5M2, 0, False), (E5M2, 0, True),
-                                       (E4M3FN, 1, True), (E5M2, 1, True), (E2M1, 1, True), (E1M2, 1, True)):
+        for dst, mode, round_scale in COMBINATIONS:
             for full in (False, True):
                 cases.append(GoldenCase(fp16, dst, mode, round_scale, full))
     return cases

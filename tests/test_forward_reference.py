@@ -14,14 +14,8 @@ import numpy as np
 import pytest
 
 import forward_model as fm
+from forward_model import BF16, COMBINATION_IDS, COMBINATIONS, F32, NAMES
 from acl_swiglu import formats, reference
-
-F32 = np.float32
-BF16 = np.dtype(ml_dtypes.bfloat16)
-NAMES = {fm.E4M3FN: "float8_e4m3fn", fm.E5M2: "float8_e5m2", fm.E2M1: "float4_e2m1fn", fm.E1M2: "float4_e1m2"}
-COMBINATIONS = [(fm.E4M3FN, 0, False), (fm.E4M3FN, 0, True), (fm.E5M2, 0, False), (fm.E5M2, 0, True),
-                (fm.E4M3FN, 1, True), (fm.E5M2, 1, True), (fm.E2M1, 1, True), (fm.E1M2, 1, True)]
-COMBINATION_IDS = [f"{NAMES[d]}-mode{m}{'-round' if r and m == 0 else ''}" for d, m, r in COMBINATIONS]
 
 
 # ----------------------------------------------------------------------------- formats

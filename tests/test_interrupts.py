@@ -32,6 +32,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 import device_model  # noqa: E402
+from swiglu_cases import on_thread  # noqa: E402
 
 import acl_swiglu  # noqa: E402
 from acl_swiglu import _aclnn, _arena, _device, _operator, _plan, emulator, runtime, tensor  # noqa: E402
@@ -462,22 +463,6 @@ def _run_interrupted(code, line: int, action: Callable[[], Any]) -> bool:
     return bool(fired)
 
 
-def _on_another_thread(function: Callable[[], Any]) -> Tuple[bool, Any]:
-    """(finished within JOIN, result or the exception raised)."""
-    box: List[Any] = []
-
-    def run():
-        try:
-            box.append(function())
-        except BaseException as error:   # reported to the caller
-            box.append(error)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(JOIN)
-    return (not thread.is_alive(), box[0] if box else None)
-
-
 def _live() -> Dict[str, int]:
     acl_swiglu.release_cached()
     counts = emulator.live_counts()
@@ -499,12 +484,12 @@ def _sweep(name: str, function: Callable[..., Any], operation: Operation) -> Lis
             fired = _run_interrupted(code, line, lambda ctx=ctx: operation.run(ctx))
             fired_somewhere = fired_somewhere or fired
             where = f"{name} line {line - code.co_firstlineno + 1} ({type(operation).__name__})"
-            finished, outcome = _on_another_thread(lambda: runtime.state.lock.acquire(timeout=5) and
-                                                   (runtime.state.lock.release() or True))
+            finished, outcome = on_thread(lambda: runtime.state.lock.acquire(timeout=5) and
+                                          (runtime.state.lock.release() or True), JOIN)
             if not finished or outcome is not True:
                 problems.append(f"{where}: the state lock stayed held")
                 break
-            finished, outcome = _on_another_thread(lambda ctx=ctx: operation.check(ctx))
+            finished, outcome = on_thread(lambda ctx=ctx: operation.check(ctx), JOIN)
             if not finished:
                 problems.append(f"{where}: the next call never returned (something stayed held)")
                 break

@@ -310,6 +310,37 @@ PRELUDE = textwrap.dedent(f"""
         return {{"type": type(exc).__name__, "message": str(exc),
                  "library_not_found": isinstance(exc, acl_swiglu.LibraryNotFoundError),
                  "configuration": isinstance(exc, acl_swiglu.ConfigurationError)}}
+    # From now on the loader's every dlopen also appends the opened file's path to `paths`.
+    def record_opens(paths):
+        from acl_swiglu import _trust
+        real = _trust._dlopen
+
+        def recording(opened, mode):
+            paths.append(opened.path)
+            return real(opened, mode)
+
+        _trust._dlopen = recording
+
+    # work(i) for i < n, each on a thread of its own, all released together; the repr of each
+    # exception they raised.
+    def at_once_on_threads(n, work):
+        import threading
+        barrier = threading.Barrier(n)
+        errors = []
+
+        def worker(i):
+            barrier.wait()
+            try:
+                work(i)
+            except Exception as exc:
+                errors.append(repr(exc))
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return errors
 """)
 
 DISCOVER = PRELUDE + textwrap.dedent("""
@@ -949,35 +980,23 @@ def test_loading_is_thread_safe_and_happens_once(tmp_path, fake_libs):
         from acl_swiglu import _loader
         from acl_swiglu import _trust
         calls = {"load": 0, "open": []}
-        real_load, real_open = _loader.load, _trust._dlopen
+        real_load = _loader.load
 
         def slow_load(*args, **kwargs):
             calls["load"] += 1
             time.sleep(0.3)     # widen the window in which the other threads arrive
             return real_load(*args, **kwargs)
 
-        def counting_open(opened, mode):
-            calls["open"].append(opened.path)
-            return real_open(opened, mode)
-
-        _loader.load, _trust._dlopen = slow_load, counting_open
+        _loader.load = slow_load
+        record_opens(calls["open"])
         n = 8
-        barrier = threading.Barrier(n)
-        infos, libs, errors = [None] * n, [None] * n, []
+        infos, libs = [None] * n, [None] * n
 
-        def worker(i):
-            barrier.wait()
-            try:
-                infos[i] = acl_swiglu.backend_info()
-                libs[i] = _loader.libraries()
-            except Exception as exc:
-                errors.append(repr(exc))
+        def work(i):
+            infos[i] = acl_swiglu.backend_info()
+            libs[i] = _loader.libraries()
 
-        threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        errors = at_once_on_threads(n, work)
         print(RESULT + json.dumps({
             "errors": errors,
             "same_info": all(x is infos[0] for x in infos) and infos[0] is not None,

@@ -126,35 +126,18 @@ def test_any_operator_symbol_is_found_the_same_way(tmp_path, fake_libs):
 
 
 THREADS = PRELUDE + textwrap.dedent("""
-    import threading
     import acl_swiglu
-    from acl_swiglu import _loader, _trust
+    from acl_swiglu import _loader
     opened = []
-    real = _trust._dlopen
-
-    def counting(item, mode):
-        opened.append(item.path)
-        return real(item, mode)
-
-    _trust._dlopen = counting
+    record_opens(opened)
     symbols = os.environ["SYMBOLS"].split(",")
     n = 8
-    barrier = threading.Barrier(n)
     found = [None] * n
-    errors = []
 
-    def worker(i):
-        barrier.wait()
-        try:
-            found[i] = [_loader.operator_library(symbols[(i + k) % len(symbols)]) for k in range(len(symbols))]
-        except Exception as exc:
-            errors.append(repr(exc))
+    def work(i):
+        found[i] = [_loader.operator_library(symbols[(i + k) % len(symbols)]) for k in range(len(symbols))]
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = at_once_on_threads(n, work)
     by_symbol = {}
     for row in found:
         for item in row or []:

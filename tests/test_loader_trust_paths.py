@@ -262,15 +262,9 @@ def test_an_operator_librarys_dependency_is_checked_too(tmp_path, fake_libs, dep
 
 LOAD_ORDER = PRELUDE + textwrap.dedent("""
     import acl_swiglu
-    from acl_swiglu import _loader, _trust
+    from acl_swiglu import _loader
     opened_as = []
-    real = _trust._dlopen
-
-    def recording(opened, mode):
-        opened_as.append(opened.path)
-        return real(opened, mode)
-
-    _trust._dlopen = recording
+    record_opens(opened_as)
     info = acl_swiglu.backend_info()
     libs = _loader.libraries()
     uses = libs.runtime.uses_middle if hasattr(libs.runtime, "uses_middle") else libs.runtime.uses_neighbour
@@ -406,18 +400,25 @@ def test_an_operator_header_that_is_not_a_regular_file_is_refused_by_name_withou
 # ---- the version files ----
 
 
+def _a_fifo_is_refused_unless_trusted(tmp_path, root, file, refusal):
+    """With a FIFO in place of `file`, loading is refused (`refusal`, "{fifo}" in it the FIFO's
+    path) without blocking on it; with ACL_SWIGLU_TRUST_LIBS=1 it loads with a warning of the FIFO
+    and takes the version from version.cfg (9.2.0)."""
+    fifo = root / file
+    fifo.unlink()
+    os.mkfifo(fifo, 0o644)
+    problem = f"{fifo}: a FIFO, not a regular file, so it is not opened"
+    refused(load(tmp_path, timeout=60, ASCEND_HOME_PATH=root), refusal.format(fifo=fifo), problem)
+    info = accepted(load(tmp_path, timeout=60, ASCEND_HOME_PATH=root, ACL_SWIGLU_TRUST_LIBS="1"), problem)
+    assert (info["cann_version"], info["cann_version_source"]) == ("9.2.0", str(root / "version.cfg"))
+
+
 @pytest.mark.parametrize("file", [OPS_NN_VERSION, f"{ARCH}-linux/ascend_toolkit_install.info"],
                          ids=["ops_nn", "toolkit"])
 def test_a_version_file_that_is_a_fifo_is_refused_by_name_without_blocking(tmp_path, fake_libs, file):
     root = make_root(tmp_path / "cann", fake_libs, dict(STANDARD, **{
         "version.cfg": b"toolkit_running_version=[1.0:9.2.0]\n", file: b""}))
-    fifo = root / file
-    fifo.unlink()
-    os.mkfifo(fifo, 0o644)
-    problem = f"{fifo}: a FIFO, not a regular file, so it is not opened"
-    refused(load(tmp_path, timeout=60, ASCEND_HOME_PATH=root), f"refusing to read {fifo}, a version file", problem)
-    info = accepted(load(tmp_path, timeout=60, ASCEND_HOME_PATH=root, ACL_SWIGLU_TRUST_LIBS="1"), problem)
-    assert (info["cann_version"], info["cann_version_source"]) == ("9.2.0", str(root / "version.cfg"))
+    _a_fifo_is_refused_unless_trusted(tmp_path, root, file, "refusing to read {fifo}, a version file")
 
 
 def test_a_version_file_others_could_change_or_remove_is_refused(tmp_path, fake_libs):
@@ -444,13 +445,7 @@ def test_the_file_aclsysgetcannversion_reads_is_checked_before_the_runtime_reads
     CANN does, with fopen: a FIFO there would block it for good): it is checked first."""
     root = make_root(tmp_path / "cann", fake_libs, dict(STANDARD, **{
         RUNTIME_VERSION: b"", "version.cfg": b"toolkit_running_version=[1:9.2.0]\n"}))
-    fifo = root / RUNTIME_VERSION
-    fifo.unlink()
-    os.mkfifo(fifo, 0o644)
-    problem = f"{fifo}: a FIFO, not a regular file, so it is not opened"
-    refused(load(tmp_path, timeout=60, ASCEND_HOME_PATH=root), f"refusing to have the runtime read {fifo}", problem)
-    info = accepted(load(tmp_path, timeout=60, ASCEND_HOME_PATH=root, ACL_SWIGLU_TRUST_LIBS="1"), problem)
-    assert (info["cann_version"], info["cann_version_source"]) == ("9.2.0", str(root / "version.cfg"))
+    _a_fifo_is_refused_unless_trusted(tmp_path, root, RUNTIME_VERSION, "refusing to have the runtime read {fifo}")
 
 
 # ---- nothing swapped after the check takes effect ----

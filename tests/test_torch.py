@@ -750,18 +750,23 @@ def test_npu_refuses_mixed_devices_and_private_formats():
 # ---- the benchmark script ----
 
 
-@pytest.mark.allow_live_handles   # it runs in a child process
-@pytest.mark.slow   # a timed benchmark run in a child process, like tests/test_benchmarks.py
-def test_torch_overhead_benchmark_reports_both_calls():
+def _quick_benchmark_json(name):
+    """What benchmarks/<name> --quick --json prints, parsed; the run must succeed."""
     import json
     import subprocess
     import sys
     from pathlib import Path
-    script = Path(__file__).resolve().parent.parent / "benchmarks" / "torch_overhead.py"
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / name
     result = subprocess.run([sys.executable, str(script), "--quick", "--json"], capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    data = json.loads(result.stdout)
+    return json.loads(result.stdout)
+
+
+@pytest.mark.allow_live_handles   # it runs in a child process
+@pytest.mark.slow   # a timed benchmark run in a child process, like tests/test_benchmarks.py
+def test_torch_overhead_benchmark_reports_both_calls():
+    data = _quick_benchmark_json("torch_overhead.py")
     assert set(data["sizes"]) == {"T=1 H=16", "T=4096 H=2048"}
     for figures in data["sizes"].values():
         assert figures["numpy"] > 0 and figures["torch"] > 0
@@ -794,15 +799,7 @@ def test_revision_1_takes_the_same_calls(abi, npu_stand_in):
 @pytest.mark.allow_live_handles   # it runs in a child process
 @pytest.mark.slow   # a timed benchmark run in a child process, like tests/test_benchmarks.py
 def test_recompute_benchmark_reports_both_settings_and_the_memory_they_keep():
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
-    script = Path(__file__).resolve().parent.parent / "benchmarks" / "torch_recompute.py"
-    result = subprocess.run([sys.executable, str(script), "--quick", "--json"], capture_output=True, text=True,
-                            timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    data = json.loads(result.stdout)
+    data = _quick_benchmark_json("torch_recompute.py")
     assert set(data["sizes"]) == {"T=1024 H=512", "T=2048 H=256"}
     for size, figures in data["sizes"].items():
         rows, hidden = (int(part.split("=")[1]) for part in size.split())

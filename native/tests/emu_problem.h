@@ -305,6 +305,7 @@ static inline int64_t verify(const prob *p, int64_t trunc, int clamp_on, double 
     return verify_into(p, p->dgx, p->dgw, trunc, clamp_on, clamp);
 }
 
+/* Every byte of device memory [dev, dev + n) still holds aclrtMalloc's 0xFF fill. */
 static inline int all_ff(const void *dev, size_t n)
 {
     unsigned char *h = malloc(n);

@@ -20,14 +20,9 @@
 #include "acl/acl.h"
 #include "aclnnop/aclnn_swiglu_group_quant.h"
 #include "emu_test.h"
+#include "golden_digest.h"
 
-typedef struct {
-    const char *name;
-    uint64_t y;
-    uint64_t y_scale;
-} golden_digest;
-
-/* FORWARD_GOLDEN: from tests/forward_model.py. */
+/* FORWARD_GOLDEN: from tests/forward_model.py; per case the digest of yOut, then of yScaleOut. */
 static const golden_digest FORWARD_GOLDEN[] = {
     {"fp16 mode0 e4m3fn exact T=7 H=384", 0x75aa2c3c0aa2c266ull, 0x3a18782f727e048eull},
     {"fp16 mode0 e4m3fn exact T=5 H=2304 weight clamp groups", 0x71a6649dbd562f12ull, 0x4c5185d5e13759e0ull},
@@ -97,20 +92,12 @@ static uint64_t case_seed(const golden_case *c)
 
 /* ---- inputs: splitmix64, turned into values without any floating-point rounding ---- */
 
-static uint64_t next_random(uint64_t *state)
-{
-    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 static uint16_t *make_x(int fp16, size_t count, uint64_t seed)
 {
     uint16_t *x = malloc(count * sizeof *x);
     if (x == NULL) return NULL;
     for (size_t i = 0; i < count; i++) {
-        uint64_t r = next_random(&seed);
+        uint64_t r = golden_next_random(&seed);
         if (i % SPECIAL_EVERY == SPECIAL_EVERY - 1) {
             x[i] = (fp16 ? SPECIAL_FP16 : SPECIAL_BF16)[r % N_SPECIAL];
         } else if (fp16) {
@@ -129,44 +116,11 @@ static float *make_weight(size_t count, uint64_t seed)
 {
     float *w = malloc(count * sizeof *w);
     if (w == NULL) return NULL;
-    for (size_t i = 0; i < count; i++) w[i] = (float)(next_random(&seed) >> 41) * 0x1p-22f - 1.0f;
+    for (size_t i = 0; i < count; i++) w[i] = (float)(golden_next_random(&seed) >> 41) * 0x1p-22f - 1.0f;
     return w;
 }
 
-static uint64_t fnv1a64(const void *data, size_t size)
-{
-    const unsigned char *p = data;
-    uint64_t h = 0xCBF29CE484222325ull;
-    for (size_t i = 0; i < size; i++) h = (h ^ p[i]) * 0x100000001B3ull;
-    return h;
-}
-
 /* ---- one operator call through the public path ---- */
-
-typedef struct {
-    void *device;
-    aclTensor *tensor;
-} device_tensor;
-
-/* A device copy of `host` (or `bytes` of `fill` when host is NULL) and its tensor. */
-static int upload(device_tensor *t, const void *host, size_t bytes, int fill, aclDataType dtype, const int64_t *dims,
-                  uint64_t ndim)
-{
-    t->device = NULL;
-    t->tensor = NULL;
-    if (aclrtMalloc(&t->device, bytes, ACL_MEM_MALLOC_HUGE_FIRST) != ACL_SUCCESS) return -1;
-    int status = host != NULL ? aclrtMemcpy(t->device, bytes, host, bytes, ACL_MEMCPY_HOST_TO_DEVICE)
-                              : aclrtMemset(t->device, bytes, fill, bytes);
-    if (status != ACL_SUCCESS) return -1;
-    t->tensor = aclCreateTensor(dims, ndim, dtype, NULL, 0, ACL_FORMAT_ND, dims, ndim, t->device);
-    return t->tensor != NULL ? 0 : -1;
-}
-
-static void release(device_tensor *t)
-{
-    if (t->tensor != NULL) aclDestroyTensor(t->tensor);
-    if (t->device != NULL) aclrtFree(t->device);
-}
 
 static int run_case(const golden_case *c, aclrtStream stream, uint64_t *y_digest, uint64_t *scale_digest)
 {
@@ -179,20 +133,20 @@ static int run_case(const golden_case *c, aclrtStream stream, uint64_t *y_digest
     unsigned char *y = malloc(y_bytes), *scales = malloc(scale_bytes);
     int64_t x_dims[2] = {T, 2 * H}, y_dims[2] = {T, H}, w_dims[1] = {T}, g_dims[1] = {3};
     int64_t s_dims[3] = {T, c->mode == 0 ? H / 128 : H / 64, 2}, empty[1] = {0};
-    device_tensor dx = {0}, dw = {0}, dg = {0}, dy = {0}, ds = {0};
+    golden_tensor dx = {0}, dw = {0}, dg = {0}, dy = {0}, ds = {0};
     aclTensor *origin = aclCreateTensor(empty, 1, c->fp16 ? ACL_FLOAT16 : ACL_BF16, NULL, 0, ACL_FORMAT_ND, empty, 1,
                                         NULL);
     aclOpExecutor *executor = NULL;
     uint64_t workspace_size = 0;
     void *workspace = NULL;
     int ok = x && weight && y && scales && origin &&
-             upload(&dx, x, (size_t)(T * 2 * H) * 2, 0, c->fp16 ? ACL_FLOAT16 : ACL_BF16, x_dims, 2) == 0 &&
-             upload(&dy, NULL, y_bytes, SENTINEL, c->dst, y_dims, 2) == 0 &&
-             upload(&ds, NULL, scale_bytes, SENTINEL, c->mode == 0 ? ACL_FLOAT : ACL_FLOAT8_E8M0, s_dims,
+             golden_upload(&dx, x, (size_t)(T * 2 * H) * 2, 0, c->fp16 ? ACL_FLOAT16 : ACL_BF16, x_dims, 2) == 0 &&
+             golden_upload(&dy, NULL, y_bytes, SENTINEL, c->dst, y_dims, 2) == 0 &&
+             golden_upload(&ds, NULL, scale_bytes, SENTINEL, c->mode == 0 ? ACL_FLOAT : ACL_FLOAT8_E8M0, s_dims,
                     c->mode == 0 ? 2 : 3) == 0;
     if (ok && c->full) {
-        ok = upload(&dw, weight, (size_t)T * 4, 0, ACL_FLOAT, w_dims, 1) == 0 &&
-             upload(&dg, GROUPS, sizeof GROUPS, 0, ACL_INT64, g_dims, 1) == 0;
+        ok = golden_upload(&dw, weight, (size_t)T * 4, 0, ACL_FLOAT, w_dims, 1) == 0 &&
+             golden_upload(&dg, GROUPS, sizeof GROUPS, 0, ACL_INT64, g_dims, 1) == 0;
     }
     ok = ok && aclnnSwigluGroupQuantGetWorkspaceSize(dx.tensor, dw.tensor, dg.tensor, NULL, c->dst, c->mode, 0,
                                                      c->round_scale, c->full ? CLAMP_LIMIT : -1.0, 15.0, false,
@@ -204,15 +158,14 @@ static int run_case(const golden_case *c, aclrtStream stream, uint64_t *y_digest
          aclrtMemcpy(y, y_bytes, dy.device, y_bytes, ACL_MEMCPY_DEVICE_TO_HOST) == ACL_SUCCESS &&
          aclrtMemcpy(scales, scale_bytes, ds.device, scale_bytes, ACL_MEMCPY_DEVICE_TO_HOST) == ACL_SUCCESS;
     if (ok) {
-        *y_digest = fnv1a64(y, y_bytes);
-        *scale_digest = fnv1a64(scales, scale_bytes);
+        *y_digest = golden_fnv1a64(y, y_bytes);
+        *scale_digest = golden_fnv1a64(scales, scale_bytes);
     } else {
-        const char *message = aclGetRecentErrMsg();
-        fprintf(stderr, "test_forward_golden: the call failed: %s\n", message ? message : "(no message)");
+        golden_report_failure("test_forward_golden");
     }
     if (workspace != NULL) aclrtFree(workspace);
     if (origin != NULL) aclDestroyTensor(origin);
-    release(&dx), release(&dw), release(&dg), release(&dy), release(&ds);
+    golden_release(&dx), golden_release(&dw), golden_release(&dg), golden_release(&dy), golden_release(&ds);
     free(x), free(weight), free(y), free(scales);
     return ok ? 0 : -1;
 }
@@ -240,21 +193,12 @@ static void case_name(const golden_case *c, char *out, size_t size)
              (long long)case_hidden(c), c->full ? " weight clamp groups" : "");
 }
 
-static const golden_digest *find_golden(const char *name)
-{
-    for (size_t i = 0; i < sizeof FORWARD_GOLDEN / sizeof FORWARD_GOLDEN[0]; i++) {
-        if (strcmp(FORWARD_GOLDEN[i].name, name) == 0) return &FORWARD_GOLDEN[i];
-    }
-    return NULL;
-}
-
 int main(void)
 {
-    aclrtStream stream = NULL;
-    if (aclInit(NULL) != ACL_SUCCESS || aclrtSetDevice(0) != ACL_SUCCESS || aclrtCreateStream(&stream) != ACL_SUCCESS) {
-        fprintf(stderr, "test_forward_golden: ACL setup failed\n");
-        return 1;
-    }
+    aclrtStream stream;
+    if (golden_open("test_forward_golden", &stream) != 0) return 1;
+    const golden_table table = {"test_forward_golden", FORWARD_GOLDEN, sizeof FORWARD_GOLDEN / sizeof FORWARD_GOLDEN[0],
+                                "FORWARD_GOLDEN", "y", "y_scale", "model"};
     golden_case cases[MAX_CASES];
     size_t n = list_cases(cases);
     for (size_t i = 0; i < n; i++) {
@@ -264,23 +208,9 @@ int main(void)
         int status = run_case(&cases[i], stream, &y, &scale);
         CHECK(status == 0);
         if (status != 0) continue;
-        const golden_digest *golden = find_golden(name);
-        CHECK(golden != NULL);
-        if (golden == NULL) {
-            fprintf(stderr, "test_forward_golden: no digest for \"%s\" in FORWARD_GOLDEN\n", name);
-            continue;
-        }
-        CHECK(y == golden->y);
-        CHECK(scale == golden->y_scale);
-        if (y != golden->y || scale != golden->y_scale) {
-            fprintf(stderr, "test_forward_golden: %s: y 0x%016llx (model 0x%016llx), y_scale 0x%016llx (model 0x%016llx)\n",
-                    name, (unsigned long long)y, (unsigned long long)golden->y, (unsigned long long)scale,
-                    (unsigned long long)golden->y_scale);
-        }
+        golden_check(&table, name, y, scale);
     }
-    CHECK_EQ_INT(sizeof FORWARD_GOLDEN / sizeof FORWARD_GOLDEN[0], n);   /* no digest left over from removed cases */
-    aclrtDestroyStream(stream);
-    aclrtResetDevice(0);
-    aclFinalize();
+    CHECK_EQ_INT(table.count, n);   /* no digest left over from removed cases */
+    golden_close(stream);
     return emu_test_finish("test_forward_golden");
 }

@@ -90,18 +90,29 @@ static void test_block_with_inf_and_nan(swiglu_kernel_variant v, aclDataType xd)
     forward_case_free(&c);
 }
 
-#define CHECK_CODES(c, values, codes)                                                                 \
-    do {                                                                                              \
-        for (size_t k_ = 0; k_ < sizeof(values) / sizeof(values[0]); k_++) {                          \
-            uint8_t got_ = forward_code(c, 0, (int64_t)k_);                                           \
-            EMU_TEST_COUNT(emu_test_checks);                                                          \
-            if (got_ != (codes)[k_]) {                                                                \
-                EMU_TEST_COUNT(emu_test_failures);                                                    \
-                fprintf(stderr, "%s:%d: element %zu (%a) has code 0x%02x, expected 0x%02x\n", __FILE__, \
-                        __LINE__, k_, (double)(values)[k_], got_, (codes)[k_]);                       \
-            }                                                                                         \
-        }                                                                                             \
-    } while (0)
+/* Mode 0 with round_scale on one row of 128 whose first `count` elements are `values` (the
+ * first of them dst's largest finite value, so that the scale is 1): each element's code must be
+ * the one in `codes`. */
+static void check_unit_scale_codes(swiglu_kernel_variant v, aclDataType xd, aclDataType dst, const float *values,
+                                   const uint8_t *codes, size_t count)
+{
+    forward_case c;
+    forward_case_init(&c, xd, dst, 0, 1, 1, 128);
+    for (size_t k = 0; k < count; k++) forward_set_y(&c, 0, (int64_t)k, values[k]);
+    if (run(&c, v) == 0) {
+        CHECK_EQ_INT(forward_scale(&c, 0, 0), 0x3F800000u);
+        for (size_t k = 0; k < count; k++) {
+            uint8_t got = forward_code(&c, 0, (int64_t)k);
+            EMU_TEST_COUNT(emu_test_checks);
+            if (got != codes[k]) {
+                EMU_TEST_COUNT(emu_test_failures);
+                fprintf(stderr, "%s:%d: dst %d element %zu (%a) has code 0x%02x, expected 0x%02x\n", __FILE__,
+                        __LINE__, (int)dst, k, (double)values[k], got, codes[k]);
+            }
+        }
+    }
+    forward_case_free(&c);
+}
 
 static void test_fp8_rounding(swiglu_kernel_variant v, aclDataType xd)
 {
@@ -115,21 +126,10 @@ static void test_fp8_rounding(swiglu_kernel_variant v, aclDataType xd)
      * 1.5; subnormals step by 2^-16: 2.5 steps -> 2, 3.5 steps -> 4 (the smallest normal). */
     static const float e5m2_values[] = {57344.0f, 1.125f, 1.375f, -1.375f, 0x1.4p-15f, 0x1.cp-15f, 0x1p-17f};
     static const uint8_t e5m2_codes[] = {0x7B, 0x3C, 0x3E, 0xBE, 0x02, 0x04, 0x00};
-    forward_case c;
-    forward_case_init(&c, xd, E4M3, 0, 1, 1, 128);
-    for (size_t k = 0; k < sizeof e4m3_values / sizeof e4m3_values[0]; k++) forward_set_y(&c, 0, (int64_t)k, e4m3_values[k]);
-    if (run(&c, v) == 0) {
-        CHECK_EQ_INT(forward_scale(&c, 0, 0), 0x3F800000u);
-        CHECK_CODES(&c, e4m3_values, e4m3_codes);
-    }
-    forward_case_free(&c);
-    forward_case_init(&c, xd, E5M2, 0, 1, 1, 128);
-    for (size_t k = 0; k < sizeof e5m2_values / sizeof e5m2_values[0]; k++) forward_set_y(&c, 0, (int64_t)k, e5m2_values[k]);
-    if (run(&c, v) == 0) {
-        CHECK_EQ_INT(forward_scale(&c, 0, 0), 0x3F800000u);
-        CHECK_CODES(&c, e5m2_values, e5m2_codes);
-    }
-    forward_case_free(&c);
+    _Static_assert(sizeof e4m3_values / sizeof e4m3_values[0] == sizeof e4m3_codes, "a code per E4M3FN value");
+    _Static_assert(sizeof e5m2_values / sizeof e5m2_values[0] == sizeof e5m2_codes, "a code per E5M2 value");
+    check_unit_scale_codes(v, xd, E4M3, e4m3_values, e4m3_codes, sizeof e4m3_codes);
+    check_unit_scale_codes(v, xd, E5M2, e5m2_values, e5m2_codes, sizeof e5m2_codes);
 }
 
 /* ---- mode 1, FP8 ---- */

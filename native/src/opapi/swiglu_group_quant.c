@@ -17,6 +17,7 @@
 #include "aclnnop/aclnn_swiglu_group_quant.h"
 #include "common/emu_release.h"
 #include "nnopbase/launch.h"
+#include "shape_text.h"
 #include "swiglu_kernel.h"
 #include "swiglu_quant_kernel.h"
 #include "swiglu_tiling.h"
@@ -89,17 +90,6 @@ static const forward_release *emulated_release(void)
 }
 
 /* ---- messages ---- */
-
-/* Writes "[d0, d1, ...]"; only error paths call it. */
-static const char *shape_text(const aclTensor *t, char *buf, size_t size)
-{
-    size_t used = (size_t)snprintf(buf, size, "[");
-    for (uint64_t i = 0; i < t->ndim && used < size; i++) {
-        used += (size_t)snprintf(buf + used, size - used, i ? ", %lld" : "%lld", (long long)t->dims[i]);
-    }
-    if (used < size) snprintf(buf + used, size - used, "]");
-    return buf;
-}
 
 static int invalid(const char *fmt, ...) EMU_PRINTF(1, 2);
 static int invalid(const char *fmt, ...)

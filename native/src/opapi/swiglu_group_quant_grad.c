@@ -13,6 +13,7 @@
 #include "aclnnop/aclnn_swiglu_group_quant_grad.h"
 #include "common/emu_release.h"
 #include "nnopbase/launch.h"
+#include "shape_text.h"
 #include "swiglu_kernel.h"
 #include "swiglu_tiling.h"
 
@@ -53,18 +54,6 @@ typedef struct {
 } op_data;
 
 /* ---- phase 1 ---- */
-
-/* Writes "[d0, d1, ...]"; only error paths call it. */
-static const char *shape_text(const aclTensor *t, char *buf, size_t size)
-{
-    size_t used = (size_t)snprintf(buf, size, "[");
-    for (uint64_t i = 0; i < t->ndim && used < size; i++) {
-        used += (size_t)snprintf(buf + used, size - used, i ? ", %lld" : "%lld",
-                                 (long long)t->dims[i]);
-    }
-    if (used < size) snprintf(buf + used, size - used, "]");
-    return buf;
-}
 
 static int same_shape(const aclTensor *a, const aclTensor *b)
 {

@@ -16,13 +16,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "kernel_threads.h"
 #include "swiglu_fpenv.h"
 #include "swiglu_kernel_impl.h"
 #include "swiglu_tiling.h"
 
-/* Rows below this many elements per thread are not worth a thread. */
-#define MIN_ELEMENTS_PER_THREAD ((int64_t)1 << 16)
-#define MAX_THREADS 256
 
 /* With a weight the factor is at least 12 + 4, so a first tile never outgrows the accumulator. */
 _Static_assert((TILING_AVAILABLE - TILING_ROW_EXTRA) / (4 * 16) <= SWIGLU_REDUCE_MAX,
@@ -392,12 +390,7 @@ int swiglu_kernel_run(const swiglu_kernel_args *args, int threads, swiglu_kernel
     }
     const kernel_impl *impl = &table[io];
     int64_t trunc = swiglu_trunc(args);
-    int64_t work = args->rows * (args->hidden > 0 ? args->hidden : 1);
-    int64_t useful = work / MIN_ELEMENTS_PER_THREAD;
-    if (threads < 1) threads = 1;
-    if (threads > MAX_THREADS) threads = MAX_THREADS;
-    if (threads > useful) threads = useful > 1 ? (int)useful : 1;
-    if (threads > args->rows) threads = (int)args->rows;
+    threads = kernel_thread_count(threads, args->rows * (args->hidden > 0 ? args->hidden : 1), args->rows);
 
     int64_t tile = args->hidden;
     if (args->has_weight) {
@@ -416,11 +409,9 @@ int swiglu_kernel_run(const swiglu_kernel_args *args, int threads, swiglu_kernel
         return 0;
     }
     row_range *ranges = calloc((size_t)threads, sizeof *ranges);
-    pthread_t *ids = calloc((size_t)threads, sizeof *ids);
     row_scratch *scratch = calloc((size_t)threads, sizeof *scratch);
-    if (ranges == NULL || ids == NULL || scratch == NULL) {
+    if (ranges == NULL || scratch == NULL) {
         free(ranges);
-        free(ids);
         free(scratch);
         return -1;
     }
@@ -428,22 +419,8 @@ int swiglu_kernel_run(const swiglu_kernel_args *args, int threads, swiglu_kernel
         ranges[k] = (row_range){args, impl, trunc, tile, args->rows * k / threads,
                                 args->rows * (k + 1) / threads, &scratch[k]};
     }
-    /* Threads beyond the first run the upper row ranges; if one cannot start, its rows run
-     * here, so the result never depends on how many threads there were. */
-    int started[MAX_THREADS] = {0};
-    for (int k = 1; k < threads; k++) {
-        started[k] = pthread_create(&ids[k], NULL, run_rows, &ranges[k]) == 0;
-    }
-    run_rows(&ranges[0]);
-    for (int k = 1; k < threads; k++) {
-        if (started[k]) {
-            pthread_join(ids[k], NULL);
-        } else {
-            run_rows(&ranges[k]);
-        }
-    }
+    kernel_run_ranges(run_rows, ranges, sizeof *ranges, threads);
     free(ranges);
-    free(ids);
     free(scratch);
     return 0;
 }

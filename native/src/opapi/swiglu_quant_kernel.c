@@ -16,12 +16,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernel_threads.h"
 #include "swiglu_fpenv.h"
 #include "swiglu_quant_impl.h"
 
-/* Rows below this many elements per thread are not worth a thread. */
-#define MIN_ELEMENTS_PER_THREAD ((int64_t)1 << 16)
-#define MAX_THREADS 256
 
 _Static_assert(QUANT_CHUNK % SWIGLU_QUANT_BLOCK == 0, "chunks hold whole blocks");
 
@@ -301,11 +299,7 @@ int swiglu_quant_run(const swiglu_quant_args *args, int threads, swiglu_kernel_v
     const int fp4 = args->dst == ACL_FLOAT4_E2M1 || args->dst == ACL_FLOAT4_E1M2;
     const int y_contiguous = view_contiguous(&args->y);
     const int scale_contiguous = view_contiguous(&args->y_scale);
-    int64_t useful = trunc * args->hidden / MIN_ELEMENTS_PER_THREAD;
-    if (threads < 1) threads = 1;
-    if (threads > MAX_THREADS) threads = MAX_THREADS;
-    if (threads > useful) threads = useful > 1 ? (int)useful : 1;
-    if (threads > trunc) threads = (int)trunc;
+    threads = kernel_thread_count(threads, trunc * args->hidden, trunc);
     /* Rows of a FLOAT4 y that do not start on a byte share bytes: one thread writes them all. */
     if (fp4 && !(y_contiguous && args->y.offset % 2 == 0)) threads = 1;
 
@@ -316,11 +310,9 @@ int swiglu_quant_run(const swiglu_quant_args *args, int threads, swiglu_kernel_v
         return 0;
     }
     quant_range *ranges = calloc((size_t)threads, sizeof *ranges);
-    pthread_t *ids = calloc((size_t)threads, sizeof *ids);
     quant_scratch *scratch = malloc((size_t)threads * sizeof *scratch);
-    if (ranges == NULL || ids == NULL || scratch == NULL) {
+    if (ranges == NULL || scratch == NULL) {
         free(ranges);
-        free(ids);
         free(scratch);
         return -1;
     }
@@ -328,20 +320,8 @@ int swiglu_quant_run(const swiglu_quant_args *args, int threads, swiglu_kernel_v
         ranges[k] = (quant_range){args, impl, y_contiguous, scale_contiguous, trunc * k / threads,
                                   trunc * (k + 1) / threads, &scratch[k]};
     }
-    /* A thread that cannot start has its rows run here: the result never depends on how many
-     * threads there were. */
-    int started[MAX_THREADS] = {0};
-    for (int k = 1; k < threads; k++) started[k] = pthread_create(&ids[k], NULL, run_rows, &ranges[k]) == 0;
-    run_rows(&ranges[0]);
-    for (int k = 1; k < threads; k++) {
-        if (started[k]) {
-            pthread_join(ids[k], NULL);
-        } else {
-            run_rows(&ranges[k]);
-        }
-    }
+    kernel_run_ranges(run_rows, ranges, sizeof *ranges, threads);
     free(ranges);
-    free(ids);
     free(scratch);
     return 0;
 }

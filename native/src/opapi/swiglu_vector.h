@@ -85,13 +85,13 @@ INLINE vfloat vmax_nan_second(vfloat first, vfloat second)
 #endif
 }
 
-INLINE vfloat device_expv_full(vfloat x)
+/* device_exp's core for lanes already clamped to [-104, 89]: x = n ln2 + r, and the polynomial
+ * p ~ e^r; e^x is p * 2^n once the caller has handled what n's range needs. */
+INLINE vfloat expv_reduced(vfloat x, vint *n)
 {
-    vfloat xc = vselect(x < -104.0f, vsplat(-104.0f), x);
-    xc = vselect(xc > 89.0f, vsplat(89.0f), xc);
-    vfloat t = xc * EXP_LOG2E + EXP_ROUNDER;
+    vfloat t = x * EXP_LOG2E + EXP_ROUNDER;
     vfloat nf = t - EXP_ROUNDER;
-    vfloat r = xc - nf * EXP_LN2_HI;
+    vfloat r = x - nf * EXP_LN2_HI;
     r = r - nf * EXP_LN2_LO;
     vfloat p = vsplat(1.98412698412698412526e-4f);
     p = p * r + 1.38888888888888894189e-3f;
@@ -101,7 +101,16 @@ INLINE vfloat device_expv_full(vfloat x)
     p = p * r + 0.5f;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
-    vint n = (vint)t - (vint)vsplat(EXP_ROUNDER);
+    *n = (vint)t - (vint)vsplat(EXP_ROUNDER);
+    return p;
+}
+
+INLINE vfloat device_expv_full(vfloat x)
+{
+    vfloat xc = vselect(x < -104.0f, vsplat(-104.0f), x);
+    xc = vselect(xc > 89.0f, vsplat(89.0f), xc);
+    vint n;
+    vfloat p = expv_reduced(xc, &n);
     vint flush = (n < -126) | ((n == -126) & (p < EXP_FLUSH_P));
     vfloat p_safe = vselect(flush, vsplat(1.0f), p);
     vint n_safe = vselect_int(n < -126, vsplat_int(-126), n);
@@ -144,19 +153,8 @@ INLINE vfloat zero_unless(lane_mask mask, vfloat v) { return vselect(mask, v, vs
  * same bits as device_expv_full with fewer operations. */
 INLINE vfloat device_expv_in_range(vfloat x)
 {
-    vfloat t = x * EXP_LOG2E + EXP_ROUNDER;
-    vfloat nf = t - EXP_ROUNDER;
-    vfloat r = x - nf * EXP_LN2_HI;
-    r = r - nf * EXP_LN2_LO;
-    vfloat p = vsplat(1.98412698412698412526e-4f);
-    p = p * r + 1.38888888888888894189e-3f;
-    p = p * r + 8.33333333333333321769e-3f;
-    p = p * r + 4.16666666666666643537e-2f;
-    p = p * r + 1.66666666666666657415e-1f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    vint n = (vint)t - (vint)vsplat(EXP_ROUNDER);
+    vint n;
+    vfloat p = expv_reduced(x, &n);
     return p * (vfloat)((n + 127) << 23);
 }
 
