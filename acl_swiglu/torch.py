@@ -19,97 +19,33 @@ already loaded), and otherwise checks revision 2's rules, the revision every CAN
 from __future__ import annotations
 
 import contextlib
-import importlib
 import math
 import os
-import sys
-import threading
-import warnings
-from dataclasses import dataclass
-from types import FrameType, ModuleType
-from typing import Any, Callable, ContextManager, Dict, Optional, Sequence, Tuple, cast
+from typing import Any, Callable, ContextManager, Dict, Optional, Tuple, cast
 
-import numpy as np
 import torch
 
 import acl_swiglu
-from acl_swiglu import ArgumentError, AclSwigluWarning, DeviceArray, DeviceBuffer, Stream, _loader, bfloat16
-from acl_swiglu._validate import Rules, check_clamp_limit
+from acl_swiglu import ArgumentError, DeviceArray, DeviceBuffer, Stream, _loader
+from acl_swiglu._torch_common import (
+    _LIBRARY, CLAMP_OFF, IO_DTYPES, TensorLayout, _allocate, _as_numpy, _check_flag,
+    _check_npu_formats, _check_same_device, _check_tensor, _check_type, _clamp_argument, _clamp_option,
+    _current_stream, _framework_first, _from_numpy, _load_backend, _optional_numpy, _routing_weight, _torch_npu,
+    tensor_layout)
+from acl_swiglu._validate import Rules
 from acl_swiglu.op import REVISIONS
 
 __all__ = ["SwiGLU", "swiglu", "swiglu_group_quant_grad", "TensorLayout", "tensor_layout"]
 
-CLAMP_OFF = -1.0   # the schema's "no clamp", as in the operator's own torch extension
 SCHEMA = ("swiglu_group_quant_grad(Tensor grad_y, Tensor x, *, Tensor? weight=None, Tensor? y_origin=None, "
           "Tensor? group_index=None, float clamp_limit=-1.0) -> (Tensor, Tensor)")
 OP_NAME = "acl_swiglu::swiglu_group_quant_grad"
 
-_NUMPY_DTYPES: Dict[torch.dtype, np.dtype] = {torch.float32: np.dtype(np.float32), torch.float16: np.dtype(np.float16),
-                 torch.bfloat16: bfloat16, torch.int64: np.dtype(np.int64)}
-IO_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_RANK = 8
 DEFAULT_REVISION = 2   # what traced code checks when the revision is not known yet
 
-# torch_npu's base formats (the storage is laid out as the tensor's strides say): ND, NCHW,
-# NHWC, NCDHW. Every other format (FRACTAL_NZ, NC1HWC0, ...) is a private tiled layout.
-NPU_BASE_FORMATS = {0: "NCHW", 1: "NHWC", 2: "ND", 30: "NCDHW"}
-
 
 # ---- argument rules (shared by the fake and the real implementations) ----
-
-
-def _clamp_argument(clamp_limit: float) -> Optional[float]:
-    """The schema's float as the NumPy API's clamp_limit: None for "off", which is -1.0 after the
-    conversion to fp32 the operator makes; any other value must pass the NumPy API's rule."""
-    # The schema has already made any number a float; a symbolic float (a trace) is decided on
-    # its value here, as the real implementation will be.
-    value = float(clamp_limit)
-    if -2.0 < value < 0.0 and float(np.float32(value)) == CLAMP_OFF:
-        return None
-    if not value > 0:   # NaN included
-        raise ArgumentError(f"clamp_limit must be -1.0 (off) or > 0, got {value!r}")
-    if value == math.inf:   # (a comparison: traceable on a symbolic float)
-        raise ArgumentError(f"clamp_limit must be -1.0 (off) or a finite number > 0, got {value!r}")
-    return check_clamp_limit(value)   # within fp32's range, and not rounding to 0 in fp32
-
-
-def _clamp_option(clamp_limit: object) -> Optional[float]:
-    """The Python-level clamp_limit: None (off) or a real number > 0 that fp32 holds; the NumPy
-    API's rule, so bools, strings and tensors are refused, as are inf and values fp32 cannot hold."""
-    if isinstance(clamp_limit, (int, float)) and not isinstance(clamp_limit, bool) and not clamp_limit > 0:
-        raise ArgumentError(f"clamp_limit must be None (off) or > 0, got {clamp_limit!r}")   # NaN included
-    return check_clamp_limit(clamp_limit)
-
-
-def _check_type(name: str, value: object, optional: bool = False) -> None:
-    """`name` is a torch.Tensor (or None, when optional)."""
-    if not (isinstance(value, torch.Tensor) or (optional and value is None)):
-        kind = "a torch.Tensor or None" if optional else "a torch.Tensor"
-        raise TypeError(f"{name} must be {kind}, got {type(value).__name__}")
-
-
-def _check_tensor(name: str, value: object, optional: bool = False) -> None:
-    """`name` is a dense torch.Tensor (or None, when optional)."""
-    _check_type(name, value, optional)
-    if isinstance(value, torch.Tensor) and (value.layout != torch.strided or value.is_nested):
-        raise ArgumentError(f"{name} is a {'nested' if value.is_nested else value.layout} tensor; the operator "
-                            "takes dense (torch.strided) tensors (convert with .to_dense())")
-
-
-def _check_flag(name: str, value: object) -> bool:
-    """A bool option: a string or a tensor is refused rather than taken for its truth value."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-    return bool(value)
-
-
-def _check_same_device(x: torch.Tensor, named: Dict[str, Optional[torch.Tensor]]) -> None:
-    """Every tensor on x's device: torch would run a mixed call on the "highest" device alone (a
-    meta tensor among CPU ones makes the whole call a shape-only one, with unwritten outputs)."""
-    for name, tensor in named.items():
-        if tensor is not None and tensor.device != x.device:
-            raise ArgumentError(f"{name} is on {tensor.device} but x is on {x.device}: all tensors must be on one "
-                                "device")
 
 
 def _revision_rules() -> Rules:
@@ -165,27 +101,6 @@ def _check_weight(weight: torch.Tensor, x: torch.Tensor, rules: Rules) -> None:
         raise ArgumentError(f"weight has {weight.dim()} dims; it must have 1 to {MAX_RANK} (e.g. {rows_then_one})")
 
 
-def _routing_weight(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """The Python-level weight (the MoE router's per-token weight) as the operator takes it: fp32,
-    shaped x's leading dims then 1. Accepted: float32, float16 or bfloat16 (widened to fp32,
-    exactly), shaped [T], [T, 1], x's leading dims, or those followed by 1 -- the shapes whose rows
-    cannot be read in another order than x's."""
-    _check_tensor("weight", weight)
-    if weight.dtype not in IO_DTYPES:
-        raise ArgumentError(f"weight has dtype {weight.dtype}; it must be torch.float32, torch.float16 or "
-                            "torch.bfloat16 (float16 and bfloat16 are widened to float32)")
-    leading = tuple(x.shape[:-1])
-    rows = math.prod(leading)
-    if weight.numel() != rows:
-        raise ArgumentError(f"weight has {weight.numel()} elements; it must have one per row of x ({rows})")
-    accepted = ((rows,), (rows, 1), leading, leading + (1,))
-    if tuple(weight.shape) not in accepted:
-        shapes = ", ".join(dict.fromkeys(str(list(shape)) for shape in accepted))
-        raise ArgumentError(f"weight has shape {list(weight.shape)}; for x of shape {list(x.shape)} it must be one "
-                            f"of {shapes} (one weight per row of x, in x's row order)")
-    return weight.reshape(leading + (1,)).to(torch.float32)
-
-
 def _check_group_index(group_index: Optional[torch.Tensor]) -> None:
     _check_tensor("group_index", group_index, optional=True)
     if group_index is not None and (group_index.dtype != torch.int64 or group_index.dim() != 1):
@@ -237,81 +152,7 @@ def _fake(grad_y: torch.Tensor, x: torch.Tensor, *, weight: Optional[torch.Tenso
     return grad_x, torch.empty(weight.shape, dtype=torch.float32, device=weight.device)
 
 
-# ---- loading the backend, outside any trace ----
-
-
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(acl_swiglu.__file__)) + os.sep
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
-_first_load = threading.Lock()
-
-
-def _caller_frame() -> Optional[FrameType]:
-    """The innermost frame outside this package, torch and the import machinery: the user's
-    line that led here (a forward, a backward, a call of the operator)."""
-    frame: Optional[FrameType] = sys._getframe(1)
-    while frame is not None:
-        name = frame.f_code.co_filename
-        if not (name.startswith(_PACKAGE_DIR) or name.startswith(_TORCH_DIR) or name.startswith("<frozen")):
-            return frame
-        frame = frame.f_back
-    return None
-
-
-def _load_backend() -> None:
-    """Loads the libraries on the operator's first run. What the loader warns while doing so
-    ("no CANN found, running on the emulator", a known CANN release's limitation) is given as
-    an AclSwigluWarning attributed to the caller's line, not to a line inside this package or torch."""
-    if _loader.loaded() is not None:
-        return
-    with _first_load:   # (one thread records the warnings of the load at a time)
-        if _loader.loaded() is not None:
-            return
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            acl_swiglu.backend_info()
-    frame = _caller_frame()
-    for warning in caught:
-        category = warning.category
-        ours = warning.filename.startswith(_PACKAGE_DIR)
-        if ours and category is RuntimeWarning:
-            category = AclSwigluWarning
-        if ours and frame is not None:
-            warnings.warn_explicit(warning.message if category is warning.category else str(warning.message),
-                                   category, frame.f_code.co_filename, frame.f_lineno,
-                                   module=frame.f_globals.get("__name__"),
-                                   registry=frame.f_globals.setdefault("__warningregistry__", {}))
-        else:   # not the loader's (another thread's, in the meantime): as it was given
-            warnings.warn_explicit(warning.message, category, warning.filename, warning.lineno)
-
-
 # ---- CPU tensors: zero-copy NumPy views through the one-shot call ----
-
-
-def _as_numpy(tensor: torch.Tensor) -> np.ndarray:
-    """A NumPy view of the tensor's memory (no copy; strides and offset kept)."""
-    if tensor.requires_grad:
-        tensor = tensor.detach()
-    if tensor.dtype == torch.bfloat16:   # NumPy has no bfloat16: reinterpret the bits
-        return cast(np.ndarray, tensor.view(torch.uint16).numpy().view(bfloat16))
-    return tensor.numpy()
-
-
-def _optional_numpy(tensor: Optional[torch.Tensor]) -> Optional[np.ndarray]:
-    return None if tensor is None else _as_numpy(tensor)
-
-
-def _from_numpy(array: np.ndarray) -> torch.Tensor:
-    if array.dtype == bfloat16:
-        return torch.from_numpy(array.view(np.uint16)).view(torch.bfloat16)
-    return torch.from_numpy(array)
-
-
-def _framework_first() -> None:
-    """When torch_npu is in use, it initialises ACL before our first call, so that its aclInit
-    (and configuration) is the one that stands and we never finalise it."""
-    torch_npu = sys.modules.get("torch_npu")
-    if torch_npu is not None:
-        torch_npu.npu.init()   # does nothing once torch_npu is initialised
 
 
 def _cpu(grad_y: torch.Tensor, x: torch.Tensor, *, weight: Optional[torch.Tensor] = None,
@@ -327,34 +168,6 @@ def _cpu(grad_y: torch.Tensor, x: torch.Tensor, *, weight: Optional[torch.Tensor
 
 
 # ---- NPU tensors: the storage described in place ----
-
-
-@dataclass(frozen=True)
-class TensorLayout:
-    """How aclCreateTensor sees a tensor: its storage's base address, the view's shape, dtype,
-    strides and offset (both in elements, from the base) and the storage's size in bytes."""
-
-    base: int
-    shape: Tuple[int, ...]
-    dtype: np.dtype
-    strides: Tuple[int, ...]
-    offset: int
-    storage_nbytes: int
-
-    def wrap(self, base: Optional[int] = None) -> DeviceArray:
-        """The view as a DeviceArray borrowing the storage at `base` (default: its own)."""
-        return DeviceArray.wrap(self.base if base is None else base, self.shape, self.dtype, strides=self.strides,
-                                offset=self.offset, nbytes=self.storage_nbytes)
-
-
-def tensor_layout(tensor: torch.Tensor) -> TensorLayout:
-    """The description of a tensor's memory that the device path hands to the operator."""
-    dtype = _NUMPY_DTYPES.get(tensor.dtype)
-    if dtype is None:
-        raise ArgumentError(f"a tensor of dtype {tensor.dtype} cannot be passed to the operator")
-    storage = tensor.untyped_storage()
-    return TensorLayout(storage.data_ptr(), tuple(tensor.shape), dtype, tuple(tensor.stride()),
-                        int(tensor.storage_offset()), storage.nbytes())
 
 
 def run_device_arrays(arrays: Dict[str, Any], clamp_limit: Optional[float], stream: Stream,
@@ -374,20 +187,6 @@ def run_device_arrays(arrays: Dict[str, Any], clamp_limit: Optional[float], stre
             array.close()
 
 
-def _torch_npu() -> ModuleType:
-    # Imported by name: torch_npu exists only on Ascend hosts, and ships no type information.
-    try:
-        return importlib.import_module("torch_npu")
-    except ImportError:
-        raise RuntimeError("these tensors are on an NPU device, but torch_npu cannot be imported") from None
-
-
-def _allocate(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Device memory for outputs and workspace: torch's allocator for `device` (torch_npu's
-    caching allocator), never an aclrtMalloc per call."""
-    return torch.empty(shape, dtype=dtype, device=device)
-
-
 def _npu(grad_y: torch.Tensor, x: torch.Tensor, *, weight: Optional[torch.Tensor] = None,
          y_origin: Optional[torch.Tensor] = None, group_index: Optional[torch.Tensor] = None,
          clamp_limit: float = CLAMP_OFF) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -396,13 +195,7 @@ def _npu(grad_y: torch.Tensor, x: torch.Tensor, *, weight: Optional[torch.Tensor
     _check_arguments(grad_y, x, weight, y_origin, group_index, clamp_limit, _revision_rules())
     named: Dict[str, Any] = {"grad_y": grad_y, "x": x, "weight": weight, "y_origin": y_origin, "group_index": group_index}
     device = x.device
-    for name, tensor in named.items():
-        if tensor is None:
-            continue
-        npu_format = int(torch_npu.get_npu_format(tensor))
-        if npu_format not in NPU_BASE_FORMATS:
-            raise ArgumentError(f"{name} has the private NPU format {npu_format}; the operator takes ND tensors "
-                                "(convert with torch_npu.npu_format_cast(tensor, 2))")
+    _check_npu_formats(torch_npu, named)
     clamp = _clamp_argument(clamp_limit)
     # torch_npu makes the device current (its aclInit comes first, so its configuration
     # stands); the package adopts a thread's current device and never switches it.
@@ -417,9 +210,7 @@ def _npu(grad_y: torch.Tensor, x: torch.Tensor, *, weight: Optional[torch.Tensor
                   for name, t in named.items()}
         arrays["grad_x"] = tensor_layout(grad_x).wrap()
         arrays["grad_weight"] = tensor_layout(grad_weight).wrap() if weight is not None else None
-        # Read at every call: reading npu_stream flushes torch_npu's queue, so queued producers
-        # of the inputs are submitted before our launch.
-        stream = Stream.from_handle(torch_npu.npu.current_stream(device).npu_stream)
+        stream = _current_stream(torch_npu, device)
         keep: list[torch.Tensor] = []
 
         def workspace(nbytes: int) -> DeviceBuffer:
@@ -433,7 +224,6 @@ def _npu(grad_y: torch.Tensor, x: torch.Tensor, *, weight: Optional[torch.Tensor
     return grad_x, grad_weight
 
 
-_LIBRARY = torch.library.Library("acl_swiglu", "DEF")
 _LIBRARY.define(SCHEMA)
 _LIBRARY.impl("swiglu_group_quant_grad", _cpu, "CPU")
 _LIBRARY.impl("swiglu_group_quant_grad", _npu, "PrivateUse1")
