@@ -154,7 +154,9 @@ def _load_backend() -> None:
     frame = _caller_frame()
     for warning in caught:
         category = warning.category
-        ours = warning.filename.startswith(_PACKAGE_DIR)
+        # The loader's own warnings point at the first frame outside the package, which is
+        # torch's dispatcher when an operator kernel made the first call.
+        ours = warning.filename.startswith(_PACKAGE_DIR) or warning.filename.startswith(_TORCH_DIR)
         if ours and category is RuntimeWarning:
             category = AclSwigluWarning
         if ours and frame is not None:
