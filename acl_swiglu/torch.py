@@ -28,9 +28,9 @@ import torch
 import acl_swiglu
 from acl_swiglu import ArgumentError, DeviceArray, DeviceBuffer, Stream, _loader
 from acl_swiglu._torch_common import (
-    _LIBRARY, CLAMP_OFF, IO_DTYPES, TensorLayout, _allocate, _as_numpy, _check_flag,
-    _check_npu_formats, _check_same_device, _check_tensor, _check_type, _clamp_argument, _clamp_option,
-    _current_stream, _framework_first, _from_numpy, _load_backend, _optional_numpy, _routing_weight, _torch_npu,
+    _LIBRARY, CLAMP_OFF, IO_DTYPES, TensorLayout, _allocate, _as_numpy, _check_flag, _check_npu_formats,
+    _check_same_device, _check_tensor, _check_type, _clamp_argument, _clamp_option, _current_stream,
+    _framework_first, _from_numpy, _load_backend, _operator_weight, _optional_numpy, _routing_weight, _torch_npu,
     tensor_layout)
 from acl_swiglu._validate import Rules
 from acl_swiglu.op import REVISIONS
@@ -319,15 +319,6 @@ def swiglu_group_quant_grad(grad_y: torch.Tensor, x: torch.Tensor, *, weight: Op
     if weight_rows is weight:
         return grad_x, grad_weight
     return grad_x, grad_weight.reshape(weight.shape).to(weight.dtype)
-
-
-def _operator_weight(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """weight as the operator takes it; one already so (as swiglu's backward passes it) goes
-    through untouched and unread, since torch.compile traces that backward reading nothing but a
-    tensor's dtype and shape."""
-    if weight.dtype == torch.float32 and tuple(weight.shape) == (*x.shape[:-1], 1):
-        return weight
-    return _routing_weight(weight, x)
 
 
 # ---- the differentiable forward ----
