@@ -97,10 +97,9 @@ class Binding(Owned):
         changed: List[Tuple[str, Optional[int]]] = []
         try:
             for name, array in arrays.items():
-                life = array._life   # (array.closed and array.ptr, read directly: this runs on every call)
-                if array._dead or (life is not None and life.closed):
+                if array.closed:
                     raise HandleClosedError(f"{name} is a closed DeviceArray; its device memory was freed")
-                address = array._address
+                address = array.ptr
                 previous = self.addresses[name]
                 if address != previous:
                     self.addresses[name] = None   # (unknown until the setter returns)

@@ -12,7 +12,7 @@ from acl_swiglu import emulator
 def test_the_module_declares_its_public_names():
     assert sorted(emulator.__all__) == sorted(
         ["KINDS", "KERNEL_VARIANTS", "FaultPlan", "NotEmulatorError", "faults_injected", "inject_faults",
-         "is_active", "live_counts", "set_kernel_variant", "set_threads", "version"])
+         "is_active", "live_counts", "live_handles", "set_kernel_variant", "set_threads", "version"])
     assert all(hasattr(emulator, name) for name in emulator.__all__)
     namespace = {}
     exec("from acl_swiglu.emulator import *", namespace)
