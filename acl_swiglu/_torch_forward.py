@@ -14,7 +14,7 @@ and dtypes alone, so torch.compile and torch.export trace the operator without l
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, NamedTuple, Optional, Tuple, Union
+from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple, Union, cast
 
 import numpy as np
 import torch
@@ -29,7 +29,7 @@ from acl_swiglu._torch_common import (
 from acl_swiglu._validate_forward import DST_TYPE_MAX_DEFAULT, ForwardProblem, validate_forward
 from acl_swiglu.forward import get_workspace_size
 
-__all__ = ["dequantise", "dst_type_code", "swiglu_group_quant"]
+__all__ = ["QuantisedSwiGLU", "dequantise", "dst_type_code", "swiglu_group_quant", "swiglu_quant"]
 
 SCHEMA = ("swiglu_group_quant(Tensor x, Tensor? weight=None, Tensor? group_index=None, Tensor? scale=None, *, "
           "int dst_type, int quant_mode=0, int block_size=0, bool round_scale=False, float clamp_limit=-1.0, "
@@ -382,3 +382,76 @@ def dequantise(y: torch.Tensor, y_scale: torch.Tensor, *, dst_type: Any = None,
                             f"one scale per {per} elements of each row")
     blocks = values.reshape(*lead, hidden // per, per) * scales.unsqueeze(-1)
     return blocks.reshape(*lead, hidden).to(dtype)
+
+
+# ---- the differentiable pairing: the forward operator, then the backward operator ----
+
+
+class QuantisedSwiGLU(NamedTuple):
+    """What swiglu_quant gives: the operator's codes and scales, and the values they stand for."""
+
+    y: torch.Tensor            # the codes (no gradient)
+    y_scale: torch.Tensor      # their scales (no gradient)
+    dequantised: torch.Tensor  # dequantise(y, y_scale) in x's dtype: the differentiable output
+
+
+class _SwiGLUQuantFunction(torch.autograd.Function):
+    """The forward operator's codes, and their values as the differentiable output. The backward
+    takes the quantisation as the identity (straight-through): the gradient reaching the values
+    is the gradient of weight * silu(x0c) * x1c, which the backward operator computes, with the
+    unweighted output recomputed (quant modes 0 and 1 cannot output it)."""
+
+    @staticmethod
+    def forward(x: torch.Tensor, weight_rows: Optional[torch.Tensor], group_index: Optional[torch.Tensor],
+                code: int, mode: int, block: int, rounded: bool, clamp: Optional[float],
+                packed: Optional[str]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        y, y_scale, _ = torch.ops.acl_swiglu.swiglu_group_quant(
+            x, weight_rows, group_index, dst_type=code, quant_mode=mode, block_size=block, round_scale=rounded,
+            clamp_limit=CLAMP_OFF if clamp is None else clamp)
+        return y, y_scale, dequantise(y, y_scale, dst_type=packed, dtype=x.dtype)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: Tuple[Any, ...], output: Tuple[torch.Tensor, ...]) -> None:
+        x, weight_rows, group_index, _, _, _, _, clamp, _ = inputs
+        ctx.clamp_limit = clamp
+        ctx.save_for_backward(x, weight_rows, group_index)
+        ctx.mark_non_differentiable(output[0], output[1])
+
+    @staticmethod
+    def backward(ctx: Any, _grad_y: Any, _grad_y_scale: Any, grad_values: torch.Tensor) -> Tuple[Any, ...]:
+        # (acl_swiglu.torch imports this module: its names are read when a backward runs.)
+        from acl_swiglu.torch import _forward, swiglu_group_quant_grad
+        x, weight_rows, group_index = ctx.saved_tensors
+        y_origin = None
+        if weight_rows is not None:
+            y_origin = _forward(x, None, ctx.clamp_limit, group_index, keep_unweighted=False)[0]
+        grad_x, grad_weight = swiglu_group_quant_grad(
+            grad_values.to(x.dtype), x, weight=weight_rows, y_origin=y_origin, group_index=group_index,
+            clamp_limit=ctx.clamp_limit)
+        return grad_x, grad_weight, None, None, None, None, None, None, None
+
+
+# torch declares Function.apply without annotations: this is what it returns here.
+_apply_swiglu_quant = cast(Callable[..., Tuple[torch.Tensor, torch.Tensor, torch.Tensor]], _SwiGLUQuantFunction.apply)
+
+
+def swiglu_quant(x: torch.Tensor, weight: Optional[torch.Tensor] = None, group_index: Optional[torch.Tensor] = None,
+                 *, dst_type: Any, quant_mode: int = 0, block_size: int = 0, round_scale: Optional[bool] = None,
+                 clamp_limit: Optional[float] = None) -> QuantisedSwiGLU:
+    """SwiGLU with quantisation for training (FP8 MoE): the forward operator gives (y, y_scale) as
+    swiglu_group_quant does, and ``dequantised``, the values they stand for in x's dtype, is
+    differentiable in x and weight with a straight-through gradient: the gradient of the
+    unquantised weight * silu(x0c) * x1c (acl_swiglu.torch.swiglu's), computed by the backward
+    operator. Arguments and rules as swiglu_group_quant's. Returns QuantisedSwiGLU(y, y_scale,
+    dequantised); y and y_scale carry no gradient."""
+    for name, tensor, optional in (("x", x, False), ("weight", weight, True), ("group_index", group_index, True)):
+        _check_type(name, tensor, optional)
+    code, mode, block, rounded = _python_options(dst_type, quant_mode, round_scale, block_size)
+    dst = _dst_of_code(code)
+    clamp = _clamp_option(clamp_limit)
+    # weight as torch operations make it (widened, reshaped): their own backward gives its
+    # gradient the caller's shape and dtype.
+    weight_rows = None if weight is None else _operator_weight(weight, x)
+    y, y_scale, values = _apply_swiglu_quant(x, weight_rows, group_index, code, mode, block, rounded, clamp,
+                                             dst.name if dst.packed else None)
+    return QuantisedSwiGLU(y, y_scale, values)

@@ -1,5 +1,7 @@
 """PyTorch integration: the operator as ``torch.ops.acl_swiglu.swiglu_group_quant_grad``, a
-differentiable ``swiglu`` whose backward runs it, and a ``SwiGLU`` module.
+differentiable ``swiglu`` whose backward runs it, and a ``SwiGLU`` module; and the forward
+operator as ``torch.ops.acl_swiglu.swiglu_group_quant`` with ``swiglu_group_quant``,
+``dequantise``, ``dst_type_code`` and the differentiable ``swiglu_quant`` (acl_swiglu._torch_forward).
 
 Importing this module needs torch (the ``torch`` extra); ``import acl_swiglu`` never does.
 
@@ -35,7 +37,8 @@ from acl_swiglu._torch_common import (
 from acl_swiglu._validate import Rules
 from acl_swiglu.op import REVISIONS
 
-__all__ = ["SwiGLU", "swiglu", "swiglu_group_quant_grad", "TensorLayout", "tensor_layout"]
+__all__ = ["SwiGLU", "swiglu", "swiglu_group_quant_grad", "TensorLayout", "tensor_layout",
+           "swiglu_group_quant", "swiglu_quant", "QuantisedSwiGLU", "dequantise", "dst_type_code"]
 
 SCHEMA = ("swiglu_group_quant_grad(Tensor grad_y, Tensor x, *, Tensor? weight=None, Tensor? y_origin=None, "
           "Tensor? group_index=None, float clamp_limit=-1.0) -> (Tensor, Tensor)")
@@ -517,3 +520,8 @@ class SwiGLU(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"clamp_limit={self.clamp_limit}, recompute_y_origin={self.recompute_y_origin}"
+
+
+# The forward operator's names (its module builds on _torch_common only, so it imports nothing from here).
+from acl_swiglu._torch_forward import (  # noqa: E402
+    QuantisedSwiGLU, dequantise, dst_type_code, swiglu_group_quant, swiglu_quant)
