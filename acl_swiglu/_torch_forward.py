@@ -24,7 +24,7 @@ from acl_swiglu import ArgumentError, DeviceBuffer, formats
 from acl_swiglu._checks import whole_number
 from acl_swiglu._torch_common import (
     _LIBRARY, _NUMPY_DTYPES, CLAMP_OFF, _allocate, _as_numpy, _check_flag, _check_npu_formats, _check_same_device,
-    _check_tensor, _check_type, _clamp_argument, _clamp_option, _current_stream, _framework_first, _from_numpy,
+    _check_tensor, _clamp_argument, _clamp_option, _current_stream, _framework_first, _from_numpy,
     _load_backend, _operator_weight, _torch_npu, tensor_layout)
 from acl_swiglu._validate_forward import DST_TYPE_MAX_DEFAULT, ForwardProblem, validate_forward
 from acl_swiglu.forward import get_workspace_size
@@ -32,13 +32,14 @@ from acl_swiglu.forward import get_workspace_size
 __all__ = ["QuantisedSwiGLU", "dequantise", "dst_type_code", "swiglu_group_quant", "swiglu_quant"]
 
 SCHEMA = ("swiglu_group_quant(Tensor x, Tensor? weight=None, Tensor? group_index=None, Tensor? scale=None, *, "
-          "int dst_type, int quant_mode=0, int block_size=0, bool round_scale=False, float clamp_limit=-1.0, "
+          "int dst_type=291, int quant_mode=0, int block_size=0, bool round_scale=False, float clamp_limit=-1.0, "
           "float dst_type_max=15.0, bool output_origin=False) -> (Tensor y, Tensor y_scale, Tensor y_origin)")
 OP_NAME = "acl_swiglu::swiglu_group_quant"
 
 # The schema's dst_type numbers, as the operator's own torch extension has them: 256 + the
 # aclDataType code of every destination type, and torch's ScalarType numbers of its FP8 dtypes.
 CODE_OFFSET = 256
+DST_TYPE_DEFAULT = 291   # float8_e5m2 (256 + 35), the extension's default (the aclnn call has none)
 _TORCH_SCALAR_TYPES = {23: "float8_e5m2", 24: "float8_e4m3fn"}
 _BY_ACL_CODE = {t.acl_code: t for t in formats.DST_TYPES.values()}
 _TORCH_DST_TYPES = {torch.float8_e4m3fn: "float8_e4m3fn", torch.float8_e5m2: "float8_e5m2"}
@@ -154,12 +155,13 @@ def _problem(tensors: Dict[str, Optional[torch.Tensor]], options: Dict[str, Any]
 
 
 OUTPUTS = ("y", "y_scale", "y_origin")
+_Outputs = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 def _fake(x: torch.Tensor, weight: Optional[torch.Tensor] = None, group_index: Optional[torch.Tensor] = None,
-          scale: Optional[torch.Tensor] = None, *, dst_type: int, quant_mode: int = 0, block_size: int = 0,
-          round_scale: bool = False, clamp_limit: float = CLAMP_OFF, dst_type_max: float = DST_TYPE_MAX_DEFAULT,
-          output_origin: bool = False) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+          scale: Optional[torch.Tensor] = None, *, dst_type: int = DST_TYPE_DEFAULT, quant_mode: int = 0,
+          block_size: int = 0, round_scale: bool = False, clamp_limit: float = CLAMP_OFF,
+          dst_type_max: float = DST_TYPE_MAX_DEFAULT, output_origin: bool = False) -> _Outputs:
     problem = _problem(_tensors(x, weight, group_index, scale),
                        _options(dst_type, quant_mode, block_size, round_scale, clamp_limit, dst_type_max,
                                 output_origin))
@@ -181,9 +183,9 @@ def _output_tensor(array: np.ndarray) -> torch.Tensor:
 
 
 def _cpu(x: torch.Tensor, weight: Optional[torch.Tensor] = None, group_index: Optional[torch.Tensor] = None,
-         scale: Optional[torch.Tensor] = None, *, dst_type: int, quant_mode: int = 0, block_size: int = 0,
-         round_scale: bool = False, clamp_limit: float = CLAMP_OFF, dst_type_max: float = DST_TYPE_MAX_DEFAULT,
-         output_origin: bool = False) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+         scale: Optional[torch.Tensor] = None, *, dst_type: int = DST_TYPE_DEFAULT, quant_mode: int = 0,
+         block_size: int = 0, round_scale: bool = False, clamp_limit: float = CLAMP_OFF,
+         dst_type_max: float = DST_TYPE_MAX_DEFAULT, output_origin: bool = False) -> _Outputs:
     _framework_first()
     _load_backend()
     tensors = _tensors(x, weight, group_index, scale)
@@ -209,9 +211,9 @@ def _npu_output(shape: Tuple[int, ...], dtype: torch.dtype, device: torch.device
 
 
 def _npu(x: torch.Tensor, weight: Optional[torch.Tensor] = None, group_index: Optional[torch.Tensor] = None,
-         scale: Optional[torch.Tensor] = None, *, dst_type: int, quant_mode: int = 0, block_size: int = 0,
-         round_scale: bool = False, clamp_limit: float = CLAMP_OFF, dst_type_max: float = DST_TYPE_MAX_DEFAULT,
-         output_origin: bool = False) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+         scale: Optional[torch.Tensor] = None, *, dst_type: int = DST_TYPE_DEFAULT, quant_mode: int = 0,
+         block_size: int = 0, round_scale: bool = False, clamp_limit: float = CLAMP_OFF,
+         dst_type_max: float = DST_TYPE_MAX_DEFAULT, output_origin: bool = False) -> _Outputs:
     torch_npu = _torch_npu()
     _load_backend()
     tensors = _tensors(x, weight, group_index, scale)
@@ -306,7 +308,9 @@ def swiglu_group_quant(x: torch.Tensor, weight: Optional[torch.Tensor] = None,
     the values they stand for.
     """
     for name, tensor, optional in (("x", x, False), ("weight", weight, True), ("group_index", group_index, True)):
-        _check_type(name, tensor, optional)   # (the operator's kernels check the rest)
+        # Dense tensors here (torch would dispatch a sparse one to a kernel that does not
+        # exist); the operator's kernels check the rest, the fake one when traced.
+        _check_tensor(name, tensor, optional)
     code, mode, block, rounded = _python_options(dst_type, quant_mode, round_scale, block_size)
     clamp = _clamp_option(clamp_limit)
     y, y_scale, _ = torch.ops.acl_swiglu.swiglu_group_quant(
@@ -445,7 +449,7 @@ def swiglu_quant(x: torch.Tensor, weight: Optional[torch.Tensor] = None, group_i
     operator. Arguments and rules as swiglu_group_quant's. Returns QuantisedSwiGLU(y, y_scale,
     dequantised); y and y_scale carry no gradient."""
     for name, tensor, optional in (("x", x, False), ("weight", weight, True), ("group_index", group_index, True)):
-        _check_type(name, tensor, optional)
+        _check_tensor(name, tensor, optional)
     code, mode, block, rounded = _python_options(dst_type, quant_mode, round_scale, block_size)
     dst = _dst_of_code(code)
     clamp = _clamp_option(clamp_limit)
