@@ -4,6 +4,10 @@ swiglu_group_quant and dequantise, and swiglu_quant, the forward operator paired
 backward operator for training; traced by torch.compile and torch.export."""
 
 import math
+import os
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -432,6 +436,78 @@ def test_export():
     assert "acl_swiglu.swiglu_group_quant.default" in str(program.graph)
     x2, weight2 = _random((13, 256), torch.bfloat16, 34), _weight(13, 35)
     assert torch.equal(program.module()(x2, weight2), _Quantise()(x2, weight2))
+
+
+# Tracing as the first thing a fresh process does: the traces load no library (the fake
+# implementation checks the rules on shapes and dtypes alone), the compiled or exported code
+# loads them when the operator first runs, and gives the eager result.
+FIRST_USE_PRELUDE = textwrap.dedent("""
+    import torch
+    from torch._dynamo.backends.common import aot_autograd
+    from acl_swiglu import _loader
+    import acl_swiglu.torch as at
+
+    def loaded():
+        return _loader.loaded() is not None
+
+    def problem(rows, seed):
+        generator = torch.Generator().manual_seed(seed)
+        x = (torch.randn(rows, 512, generator=generator) * 2).to(torch.bfloat16).requires_grad_()
+        weight = (torch.rand(rows, generator=generator) + 0.5).requires_grad_()
+        return x, weight, torch.tensor([rows - 2], dtype=torch.int64)
+""")
+
+COMPILE_FIRST = FIRST_USE_PRELUDE + textwrap.dedent("""
+    def step(x, weight, group_index):
+        result = at.swiglu_quant(x, weight, group_index, dst_type="float8_e4m3fn", quant_mode=1, clamp_limit=1.0)
+        return result.dequantised.float().square().sum()
+
+    loaded_when_traced = []
+
+    def compiler(graph, example_inputs):   # called with each graph once it is traced
+        loaded_when_traced.append(loaded())
+        return graph.forward
+
+    backend = aot_autograd(fw_compiler=compiler, bw_compiler=compiler)
+    compiled = torch.compile(step, fullgraph=True, dynamic=True, backend=backend)
+    x, weight, group_index = problem(12, 0)
+    loss = compiled(x, weight, group_index)   # traced, then run: the forward operator loads the libraries
+    assert loaded_when_traced and not any(loaded_when_traced), loaded_when_traced
+    assert loaded()
+    loss.backward()
+    x_eager, weight_eager, _ = problem(12, 0)
+    loss_eager = step(x_eager, weight_eager, group_index)
+    loss_eager.backward()
+    assert torch.equal(loss, loss_eager)
+    assert torch.equal(x.grad.view(torch.int16), x_eager.grad.view(torch.int16))
+    assert torch.equal(weight.grad, weight_eager.grad)
+    print("compile first: ok")
+""")
+
+EXPORT_FIRST = FIRST_USE_PRELUDE + textwrap.dedent("""
+    class Quantise(torch.nn.Module):
+        def forward(self, x, weight):
+            return at.swiglu_group_quant(x, weight, dst_type=torch.float8_e5m2, quant_mode=1)
+
+    x, weight, _ = problem(10, 1)
+    x, weight = x.detach(), weight.detach()
+    program = torch.export.export(Quantise(), (x, weight), dynamic_shapes=({0: torch.export.Dim("rows")},) * 2)
+    assert not loaded(), "torch.export loaded the libraries"
+    for got, expected in zip(program.module()(x, weight), Quantise()(x, weight)):
+        assert torch.equal(got.view(torch.uint8), expected.view(torch.uint8))
+    assert loaded()
+    print("export first: ok")
+""")
+
+
+@pytest.mark.parametrize("script", [pytest.param(COMPILE_FIRST, id="compile-swiglu_quant"),
+                                    pytest.param(EXPORT_FIRST, id="export-swiglu_group_quant")])
+def test_tracing_first_loads_nothing_and_runs(tmp_path, script):
+    env = dict(os.environ, ACL_SWIGLU_BACKEND="emulator", OMP_NUM_THREADS="1")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                            cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-6000:]
+    assert result.stdout.strip().endswith(": ok")
 
 
 # ---- the NPU kernel, on emulator memory with a stand-in torch_npu ----
