@@ -1736,3 +1736,14 @@ def test_forward_runs_in_a_process(tmp_path):
     report = json.loads(proc.stdout)
     assert_schema(report, FORWARD_REPORT_SCHEMA)
     assert report["check"]["passed"] is True
+
+
+def test_the_forward_output_shown_in_the_docs_is_what_it_prints(tmp_path):
+    from doc_snippets import ROOT, section
+
+    page = section(ROOT / "docs" / "cli.md", "The forward: `--op forward`")
+    shown = re.search(r"^```text\n(.*?)^```", page, flags=re.M | re.S).group(1)
+    proc = run_cli(tmp_path, "--op", "forward", env=subprocess_env(ACL_SWIGLU_BACKEND="emulator"))
+    assert proc.returncode == 0, proc.stderr
+    printed = re.sub(r"(root |library: )\S*site-packages", r"\1/…/site-packages", proc.stdout)
+    assert printed.strip() == shown.strip()
