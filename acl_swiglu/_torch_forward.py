@@ -25,7 +25,7 @@ from acl_swiglu._checks import whole_number
 from acl_swiglu._torch_common import (
     _LIBRARY, _NUMPY_DTYPES, CLAMP_OFF, _allocate, _as_numpy, _check_flag, _check_npu_formats, _check_same_device,
     _check_tensor, _clamp_argument, _clamp_option, _current_stream, _framework_first, _from_numpy,
-    _load_backend, _operator_weight, _torch_npu, tensor_layout)
+    _load_backend, _operator_weight, _optional_numpy, _torch_npu, tensor_layout)
 from acl_swiglu._validate_forward import DST_TYPE_MAX_DEFAULT, ForwardProblem, validate_forward
 from acl_swiglu.forward import get_workspace_size
 
@@ -191,8 +191,8 @@ def _cpu(x: torch.Tensor, weight: Optional[torch.Tensor] = None, group_index: Op
     tensors = _tensors(x, weight, group_index, scale)
     options = _options(dst_type, quant_mode, block_size, round_scale, clamp_limit, dst_type_max, output_origin)
     # The NumPy call checks the rest, with the same rules and messages as the fake implementation.
-    results = acl_swiglu.swiglu_group_quant(*(None if t is None else _as_numpy(t) for t in tensors.values()),
-                                            **options)
+    results: Tuple[np.ndarray, ...] = acl_swiglu.swiglu_group_quant(
+        _as_numpy(x), _optional_numpy(weight), _optional_numpy(group_index), _optional_numpy(scale), **options)
     y_origin = _from_numpy(results[2]) if output_origin else torch.empty((0,), dtype=x.dtype)
     return _output_tensor(results[0]), _output_tensor(results[1]), y_origin
 
@@ -226,7 +226,8 @@ def _npu(x: torch.Tensor, weight: Optional[torch.Tensor] = None, group_index: Op
         _framework_first()
         outputs = {name: _npu_output(problem.outputs[name][0], _torch_dtype(problem.outputs[name][1]), device,
                                      zeroed=name in problem.preset) for name in OUTPUTS}
-        arrays = {name: None if t is None else tensor_layout(t).wrap() for name, t in {**tensors, **outputs}.items()}
+        arrays: Dict[str, Any] = {name: None if t is None else tensor_layout(t).wrap()
+                                  for name, t in {**tensors, **outputs}.items()}
         stream = _current_stream(torch_npu, device)
         try:
             executor = get_workspace_size(arrays["x"], arrays["weight"], arrays["group_index"], arrays["scale"],

@@ -538,7 +538,7 @@ def run_forward(args: argparse.Namespace, report: Dict[str, Any], say: Callable[
     say(f"x {shapes['x']} {args.dtype}, weight {shapes.get('weight', 'none')}, groupIndex {groups}, "
         f"clamp {options['clamp_limit']}; {options['dst_type']}, quant mode {options['quant_mode']}"
         f"{', round scale' if options['round_scale'] else ''}")
-    y, y_scale = acl.swiglu_group_quant(inputs["x"], inputs["weight"], inputs["group_index"], **options)
+    y, y_scale = acl.swiglu_group_quant(inputs["x"], inputs["weight"], inputs["group_index"], **options)[:2]
     report["y_first"] = _value_list(_code_values(y, options["dst_type"]))
     report["y_scale_first"] = _value_list(_scale_values(y_scale, options["quant_mode"]))
     say(f"y output (first {SHOWN} codes' values, before their scales):")
@@ -582,7 +582,7 @@ def time_forward(inputs: Dict[str, Any], options: Dict[str, Any], repeat: int, p
     made: List[Any] = []
     stream = acl.Stream()
     try:
-        device = {}
+        device: Dict[str, Any] = {}
         for name in ("x", "weight", "group_index"):
             value = inputs[name]
             device[name] = None if value is None else acl.to_device(value)
@@ -590,22 +590,28 @@ def time_forward(inputs: Dict[str, Any], options: Dict[str, Any], repeat: int, p
                 made.append(device[name])
         with forward.SwigluGroupQuantPlan(device["x"], device["weight"], device["group_index"], stream=stream,
                                           **options) as plan:
-            outputs = {"y": plan.y, "y_scale": plan.y_scale,
-                       "y_origin": acl.DeviceArray.empty((0,), inputs["x"].dtype)}
+            outputs: Dict[str, Any] = {"y": plan.y, "y_scale": plan.y_scale,
+                                       "y_origin": acl.DeviceArray.empty((0,), inputs["x"].dtype)}
             made.append(outputs["y_origin"])
-            args = (device["x"], device["weight"], device["group_index"])
-            phase1, phase2, plan_times = [], [], []
+
+            def phase_1() -> Any:
+                return forward.get_workspace_size(device["x"], device["weight"], device["group_index"], **options,
+                                                  **outputs)
+
+            phase1: List[float] = []
+            phase2: List[float] = []
+            plan_times: List[float] = []
             bar = _Progress("phase 1", repeat, progress, after)
             for i in range(repeat):
                 t0 = time.perf_counter()
-                executor = forward.get_workspace_size(*args, **options, **outputs)
+                executor = phase_1()
                 phase1.append(time.perf_counter() - t0)
                 executor.close()
                 bar.update(i + 1)
             bar.close()
             bar = _Progress("phase 2 + synchronize", repeat, progress, after)
             for i in range(repeat):
-                executor = forward.get_workspace_size(*args, **options, **outputs)
+                executor = phase_1()
                 t0 = time.perf_counter()
                 executor.launch(stream)
                 stream.synchronize()
