@@ -1,9 +1,9 @@
 """PyTorch integration of the forward, aclnnSwigluGroupQuant: the operator as
 ``torch.ops.acl_swiglu.swiglu_group_quant`` (the schema of the operator's own torch extension),
 ``swiglu_group_quant`` on tensors with the NumPy call's rules, ``dst_type_code`` for the schema's
-number, and ``dequantise`` (the values codes and scales stand for). acl_swiglu.torch imports this
-module and exports its public names, beside ``swiglu_quant``, which pairs this forward with the
-backward for training.
+number, ``dequantise`` (the values codes and scales stand for), and ``swiglu_quant``, which pairs
+this forward with the backward operator for training (a straight-through gradient).
+acl_swiglu.torch imports this module and exports its public names.
 
 As for the backward: CPU tensors run the one-shot NumPy call on zero-copy views; NPU tensors are
 described in place, their outputs and workspace come from torch_npu's caching allocator and the

@@ -48,7 +48,8 @@ def _bytes(tensor):
 # (dst_type, quant_mode): every destination type of modes 0 and 1
 KINDS = [("float8_e4m3fn", 0), ("float8_e5m2", 0), ("float8_e4m3fn", 1), ("float8_e5m2", 1),
          ("float4_e2m1fn", 1), ("float4_e1m2", 1)]
-OPTIONS = [dict(), dict(weighted=True), dict(clamp_limit=1.5), dict(weighted=True, clamp_limit=0.75, group_index=[3, 2]),
+OPTIONS = [dict(), dict(weighted=True), dict(clamp_limit=1.5),
+           dict(weighted=True, clamp_limit=0.75, group_index=[3, 2]),
            dict(group_index=[9, 4]), dict(round_scale=True)]
 
 
@@ -85,8 +86,9 @@ def test_operator_is_byte_identical_to_the_numpy_call(dst, mode, option, dtype):
     np.testing.assert_array_equal(_bytes(y), expect_y.view(np.uint8))
     np.testing.assert_array_equal(_bytes(y_scale), expect_scale.view(np.uint8))
     assert y_origin.shape == (0,) and y_origin.dtype == dtype   # never written in modes 0 and 1
-    # And the reference judges the codes: the same result as a device gives.
-    verdict = reference.compare_quantised(_bytes(y), _bytes(y_scale) if mode == 1 else y_scale.numpy(), _numpy(x), None if weight is None else weight.numpy(),
+    # And the reference passes them, as it would a device's codes and scales.
+    verdict = reference.compare_quantised(_bytes(y), _bytes(y_scale) if mode == 1 else y_scale.numpy(), _numpy(x),
+                                          None if weight is None else weight.numpy(),
                                           None if group_index is None else group_index.numpy(), **options)
     assert verdict.passed, verdict
 
