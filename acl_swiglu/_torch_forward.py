@@ -424,16 +424,24 @@ class _SwiGLUQuantFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, _grad_y: Any, _grad_y_scale: Any, grad_values: torch.Tensor) -> Tuple[Any, ...]:
-        # (acl_swiglu.torch imports this module: its names are read when a backward runs.)
-        from acl_swiglu.torch import _forward, swiglu_group_quant_grad
         x, weight_rows, group_index = ctx.saved_tensors
-        y_origin = None
-        if weight_rows is not None:
-            y_origin = _forward(x, None, ctx.clamp_limit, group_index, keep_unweighted=False)[0]
-        grad_x, grad_weight = swiglu_group_quant_grad(
+        clamp = CLAMP_OFF if ctx.clamp_limit is None else ctx.clamp_limit
+        y_origin = None if weight_rows is None else _unweighted_output(x, ctx.clamp_limit)
+        # (The backward operator, which acl_swiglu.torch defines; it imports this module.)
+        grad_x, grad_weight = torch.ops.acl_swiglu.swiglu_group_quant_grad(
             grad_values.to(x.dtype), x, weight=weight_rows, y_origin=y_origin, group_index=group_index,
-            clamp_limit=ctx.clamp_limit)
-        return grad_x, grad_weight, None, None, None, None, None, None, None
+            clamp_limit=clamp)
+        return grad_x, None if weight_rows is None else grad_weight, None, None, None, None, None, None, None
+
+
+def _unweighted_output(x: torch.Tensor, clamp_limit: Optional[float]) -> torch.Tensor:
+    """silu(x0c) * x1c in fp32, rounded to x's dtype: the y_origin the backward operator takes
+    with weight. Rows past the truncation need no zeroing: the backward operator computes none."""
+    gate, value = x.float().chunk(2, dim=-1)
+    if clamp_limit is not None:
+        gate = gate.clamp(max=clamp_limit)
+        value = value.clamp(min=-clamp_limit, max=clamp_limit)
+    return (torch.nn.functional.silu(gate) * value).to(x.dtype)
 
 
 # torch declares Function.apply without annotations: this is what it returns here.
