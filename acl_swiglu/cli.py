@@ -1,6 +1,8 @@
 """acl-swiglu-sample: the operator documentation's example, done correctly, then checked against
 the NumPy reference. Options change the shapes, data, options, backend and ABI; --repeat times the
-phases; --json prints everything as one JSON object (failures included).
+phases; --json prints everything as one JSON object (failures included). ``--op forward`` runs the
+forward operator, aclnnSwigluGroupQuant, on the example's x, weight and groups instead, and judges
+its codes and scales against the reference's.
 
 Exit status (docs/cli.md):
   0    the check passed (or was skipped with --no-check)
@@ -48,6 +50,9 @@ DEVICE_MEMORY_CODES = {200000: "ACL_ERROR_BAD_ALLOC", 207001: "ACL_ERROR_RT_MEMO
                        207018: "ACL_ERROR_RT_DEVICE_OOM"}
 INT64_MAX = 2**63 - 1
 SHOWN = 10
+OPERATORS = ("backward", "forward")
+DST_TYPE_NAMES = ("float8_e4m3fn", "float8_e5m2", "float4_e2m1fn", "float4_e1m2")
+FORWARD_ONLY = ("--dst-type", "--quant-mode", "--round-scale")
 
 
 def _int_at_least(minimum: int) -> Callable[[str], int]:
@@ -150,14 +155,24 @@ def build_parser() -> _Parser:
                     "(gradY [512,512], x [512,1024], weight [512,1], groupIndex {256,256}, clamp 1.0, fp16) "
                     "and check the result against the NumPy reference.",
         epilog="exit status:\n" + "\n".join(f"  {code:<4} {text}" for code, text in EXIT_STATUSES.items()))
+    parser.add_argument("--op", choices=OPERATORS, default="backward",
+                        help="the operator: backward (aclnnSwigluGroupQuantGrad, the default) or forward "
+                             "(aclnnSwigluGroupQuant: SwiGLU then FP8/FP4 quantisation)")
     parser.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default="fp16",
-                        help="dtype of gradY, x, yOrigin and gradX (default fp16)")
+                        help="dtype of gradY, x, yOrigin and gradX (default fp16; the forward takes fp16 or bf16)")
     parser.add_argument("--tokens", type=_non_negative_int, default=512, help="tokens T, or S with --batch (default 512)")
     parser.add_argument("--hidden", type=_non_negative_int, default=512, help="hidden size H; x has 2H columns (default 512)")
     parser.add_argument("--batch", type=_positive_int, default=None, help="make inputs 3-D [B, tokens, H]")
     parser.add_argument("--clamp", type=_clamp, default=1.0, metavar="LIMIT",
                         help="clamp limit > 0, or 'none' for no clamp (default 1.0)")
     parser.add_argument("--no-weight", action="store_true", help="no weight/yOrigin, so no gradWeight")
+    parser.add_argument("--dst-type", choices=DST_TYPE_NAMES, default=None,
+                        help="forward only: the codes' type (default float8_e4m3fn)")
+    parser.add_argument("--quant-mode", type=int, choices=(0, 1), default=None,
+                        help="forward only: 0, a float32 scale per 128 elements (default); 1 (MX), an E8M0 "
+                             "scale per 32 (the FP4 types need it)")
+    parser.add_argument("--round-scale", action="store_true",
+                        help="forward only, quant mode 0: scales rounded to powers of two (mode 1 always is)")
     parser.add_argument("--group-index", type=_groups, default=None, metavar="N,N,...",
                         help="per-group token counts, or 'none' (default: two halves of all rows, "
                              "256,256 for 512 rows)")
@@ -378,6 +393,7 @@ def run(args: argparse.Namespace, report: Dict[str, Any]) -> int:
     if args.backend and args.backend != "auto" and loaded is not None and loaded.info.backend != args.backend:
         raise ConfigurationError(f"this process already loaded the {loaded.info.backend} libraries; "
                                  f"--backend {args.backend} needs a new process")
+    _check_operator_options(args)
     out: Optional[List[str]] = [] if args.json else None
 
     def say(line: str = "") -> None:
@@ -391,8 +407,11 @@ def run(args: argparse.Namespace, report: Dict[str, Any]) -> int:
     say(f"  operator library: {info.operator} ({_version_text(info)})")
     if args.device_id is not None:
         acl.set_device(args.device_id)
+    report["op"] = args.op
 
     _check_host_memory(args)
+    if args.op == "forward":
+        return run_forward(args, report, say)
     inputs = make_inputs(args)
     shapes = {k: list(v.shape) for k, v in inputs.items() if isinstance(v, np.ndarray)}
     report["inputs"] = {"dtype": args.dtype, "shapes": shapes, "clamp_limit": inputs["clamp_limit"],
@@ -446,6 +465,172 @@ def run(args: argparse.Namespace, report: Dict[str, Any]) -> int:
     if args.json:
         print(json.dumps(report, indent=2, default=float))
     return status
+
+
+# ---- --op forward: aclnnSwigluGroupQuant ----
+
+
+def _check_operator_options(args: argparse.Namespace) -> None:
+    """Options of one operator given for the other are usage errors, not silently ignored."""
+    from .errors import ArgumentError
+
+    if args.op == "forward":
+        if args.abi:
+            raise ArgumentError("--abi chooses the backward's ABI revision; the forward has one ABI (drop --abi)")
+        if args.dtype == "fp32":
+            raise ArgumentError("--dtype fp32: the forward's quant modes 0 and 1 take fp16 or bf16 x")
+        return
+    given = [name for name, value in (("--dst-type", args.dst_type), ("--quant-mode", args.quant_mode),
+                                      ("--round-scale", args.round_scale or None)) if value is not None]
+    if given:
+        raise ArgumentError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to the forward "
+                            "only: add --op forward")
+
+
+def forward_options(args: argparse.Namespace) -> Dict[str, Any]:
+    """The forward's options from the command line (defaults: float8_e4m3fn, quant mode 0)."""
+    dst_type = args.dst_type or "float8_e4m3fn"
+    quant_mode = 0 if args.quant_mode is None else args.quant_mode
+    if args.quant_mode is None and dst_type.startswith("float4"):
+        quant_mode = 1   # (the FP4 types come from MX quantisation only)
+    return {"dst_type": dst_type, "quant_mode": quant_mode, "round_scale": quant_mode == 1 or args.round_scale,
+            "clamp_limit": args.clamp}
+
+
+def make_forward_inputs(args: argparse.Namespace) -> Dict[str, Any]:
+    """x, weight and group_index as the backward's sample makes them (same patterns, same seeds)."""
+    inputs = make_inputs(args)
+    return {"x": inputs["x"], "weight": inputs["weight"], "group_index": inputs["group_index"]}
+
+
+def _value_list(values: np.ndarray) -> List[float]:
+    return [float(v) for v in values.reshape(-1)[:SHOWN]]
+
+
+def _code_values(y: np.ndarray, dst_type: str) -> np.ndarray:
+    """float32 values of the codes (FP4 unpacked), without their scales."""
+    from . import formats
+
+    if formats.DST_TYPES[dst_type].packed:
+        return formats.unpack_fp4(y, dst_type)
+    return y.astype(np.float32)
+
+
+def _scale_values(y_scale: np.ndarray, quant_mode: int) -> np.ndarray:
+    from . import formats
+
+    return formats.e8m0_scales(y_scale) if quant_mode == 1 else y_scale
+
+
+def run_forward(args: argparse.Namespace, report: Dict[str, Any], say: Callable[[str], None]) -> int:
+    """The forward's sample: its codes and scales, judged against the reference."""
+    import acl_swiglu as acl
+    from acl_swiglu import reference
+
+    options = forward_options(args)
+    inputs = make_forward_inputs(args)
+    shapes = {k: list(v.shape) for k, v in inputs.items() if isinstance(v, np.ndarray)}
+    groups = None if inputs["group_index"] is None else inputs["group_index"].tolist()
+    report["inputs"] = {"dtype": args.dtype, "shapes": shapes, "clamp_limit": options["clamp_limit"],
+                        "group_index": groups, "dst_type": options["dst_type"], "quant_mode": options["quant_mode"],
+                        "round_scale": options["round_scale"],
+                        "data": "random (seed %d)" % args.seed if args.random else "documented patterns"}
+    say(f"x {shapes['x']} {args.dtype}, weight {shapes.get('weight', 'none')}, groupIndex {groups}, "
+        f"clamp {options['clamp_limit']}; {options['dst_type']}, quant mode {options['quant_mode']}"
+        f"{', round scale' if options['round_scale'] else ''}")
+    y, y_scale = acl.swiglu_group_quant(inputs["x"], inputs["weight"], inputs["group_index"], **options)[:2]
+    report["y_first"] = _value_list(_code_values(y, options["dst_type"]))
+    report["y_scale_first"] = _value_list(_scale_values(y_scale, options["quant_mode"]))
+    say(f"y output (first {SHOWN} codes' values, before their scales):")
+    for i, value in enumerate(report["y_first"]):
+        say(f"y[{i}] = {value:g}")
+    say(f"yScale output (first {SHOWN}):")
+    for i, value in enumerate(report["y_scale_first"]):
+        say(f"yScale[{i}] = {value:g}")
+
+    status = EXIT_OK
+    if not args.no_check:
+        verdict = reference.compare_quantised(y, y_scale, inputs["x"], inputs["weight"], inputs["group_index"],
+                                              **options)
+        report["check"] = {"y": verdict.to_dict(), "passed": verdict.passed}
+        say(f"check y and yScale against acl_swiglu.reference: {verdict}")
+        say(f"verdict: {'PASS' if verdict.passed else 'FAIL'}")
+        status = EXIT_OK if verdict.passed else EXIT_CHECK_FAILED
+
+    if args.repeat:
+        timing = time_forward(inputs, options, args.repeat, progress=not args.json and sys.stderr.isatty(),
+                              after=args.progress_after)
+        report["timing"] = timing
+        say(f"timing over {args.repeat} runs (microseconds, min / median):")
+        for key, label in (("phase1", "phase 1"), ("phase2_sync", "phase 2 + synchronize"),
+                           ("plan_sync", "plan call + synchronize")):
+            say(f"  {label:<24} {timing[key]['min_us']:10.1f} / {timing[key]['median_us']:10.1f}")
+
+    report["ok"] = status == EXIT_OK
+    report["exit_status"] = status
+    if args.json:
+        print(json.dumps(report, indent=2, default=float))
+    return status
+
+
+def time_forward(inputs: Dict[str, Any], options: Dict[str, Any], repeat: int, progress: bool,
+                 after: float = 1.0) -> Dict[str, Any]:
+    """The forward's phase 1, phase 2 + synchronize, and a plan call + synchronize, on device copies."""
+    import acl_swiglu as acl
+    from acl_swiglu import forward
+
+    made: List[Any] = []
+    stream = acl.Stream()
+    try:
+        device: Dict[str, Any] = {}
+        for name in ("x", "weight", "group_index"):
+            value = inputs[name]
+            device[name] = None if value is None else acl.to_device(value)
+            if device[name] is not None:
+                made.append(device[name])
+        with forward.SwigluGroupQuantPlan(device["x"], device["weight"], device["group_index"], stream=stream,
+                                          **options) as plan:
+            outputs: Dict[str, Any] = {"y": plan.y, "y_scale": plan.y_scale,
+                                       "y_origin": acl.DeviceArray.empty((0,), inputs["x"].dtype)}
+            made.append(outputs["y_origin"])
+
+            def phase_1() -> Any:
+                return forward.get_workspace_size(device["x"], device["weight"], device["group_index"], **options,
+                                                  **outputs)
+
+            phase1: List[float] = []
+            phase2: List[float] = []
+            plan_times: List[float] = []
+            bar = _Progress("phase 1", repeat, progress, after)
+            for i in range(repeat):
+                t0 = time.perf_counter()
+                executor = phase_1()
+                phase1.append(time.perf_counter() - t0)
+                executor.close()
+                bar.update(i + 1)
+            bar.close()
+            bar = _Progress("phase 2 + synchronize", repeat, progress, after)
+            for i in range(repeat):
+                executor = phase_1()
+                t0 = time.perf_counter()
+                executor.launch(stream)
+                stream.synchronize()
+                phase2.append(time.perf_counter() - t0)
+                bar.update(i + 1)
+            bar.close()
+            bar = _Progress("plan + synchronize", repeat, progress, after)
+            for i in range(repeat):
+                t0 = time.perf_counter()
+                plan()
+                stream.synchronize()
+                plan_times.append(time.perf_counter() - t0)
+                bar.update(i + 1)
+            bar.close()
+    finally:
+        stream.close()
+        for array in made:
+            array.close()
+    return {"phase1": _summary(phase1), "phase2_sync": _summary(phase2), "plan_sync": _summary(plan_times)}
 
 
 def versions() -> Dict[str, Optional[str]]:

@@ -1,5 +1,7 @@
 """PyTorch integration: the operator as ``torch.ops.acl_swiglu.swiglu_group_quant_grad``, a
-differentiable ``swiglu`` whose backward runs it, and a ``SwiGLU`` module.
+differentiable ``swiglu`` whose backward runs it, and a ``SwiGLU`` module; and the forward
+operator as ``torch.ops.acl_swiglu.swiglu_group_quant`` with ``swiglu_group_quant``,
+``dequantise``, ``dst_type_code`` and the differentiable ``swiglu_quant`` (acl_swiglu._torch_forward).
 
 Importing this module needs torch (the ``torch`` extra); ``import acl_swiglu`` never does.
 
@@ -28,14 +30,15 @@ import torch
 import acl_swiglu
 from acl_swiglu import ArgumentError, DeviceArray, DeviceBuffer, Stream, _loader
 from acl_swiglu._torch_common import (
-    _LIBRARY, CLAMP_OFF, IO_DTYPES, TensorLayout, _allocate, _as_numpy, _check_flag,
-    _check_npu_formats, _check_same_device, _check_tensor, _check_type, _clamp_argument, _clamp_option,
-    _current_stream, _framework_first, _from_numpy, _load_backend, _optional_numpy, _routing_weight, _torch_npu,
+    _LIBRARY, CLAMP_OFF, IO_DTYPES, TensorLayout, _allocate, _as_numpy, _check_flag, _check_npu_formats,
+    _check_same_device, _check_tensor, _check_type, _clamp_argument, _clamp_option, _current_stream,
+    _framework_first, _from_numpy, _load_backend, _operator_weight, _optional_numpy, _routing_weight, _torch_npu,
     tensor_layout)
 from acl_swiglu._validate import Rules
 from acl_swiglu.op import REVISIONS
 
-__all__ = ["SwiGLU", "swiglu", "swiglu_group_quant_grad", "TensorLayout", "tensor_layout"]
+__all__ = ["SwiGLU", "swiglu", "swiglu_group_quant_grad", "TensorLayout", "tensor_layout",
+           "swiglu_group_quant", "swiglu_quant", "QuantisedSwiGLU", "dequantise", "dst_type_code"]
 
 SCHEMA = ("swiglu_group_quant_grad(Tensor grad_y, Tensor x, *, Tensor? weight=None, Tensor? y_origin=None, "
           "Tensor? group_index=None, float clamp_limit=-1.0) -> (Tensor, Tensor)")
@@ -321,15 +324,6 @@ def swiglu_group_quant_grad(grad_y: torch.Tensor, x: torch.Tensor, *, weight: Op
     return grad_x, grad_weight.reshape(weight.shape).to(weight.dtype)
 
 
-def _operator_weight(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """weight as the operator takes it; one already so (as swiglu's backward passes it) goes
-    through untouched and unread, since torch.compile traces that backward reading nothing but a
-    tensor's dtype and shape."""
-    if weight.dtype == torch.float32 and tuple(weight.shape) == (*x.shape[:-1], 1):
-        return weight
-    return _routing_weight(weight, x)
-
-
 # ---- the differentiable forward ----
 
 
@@ -526,3 +520,8 @@ class SwiGLU(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"clamp_limit={self.clamp_limit}, recompute_y_origin={self.recompute_y_origin}"
+
+
+# The forward operator's names (its module builds on _torch_common only, so it imports nothing from here).
+from acl_swiglu._torch_forward import (  # noqa: E402
+    QuantisedSwiGLU, dequantise, dst_type_code, swiglu_group_quant, swiglu_quant)

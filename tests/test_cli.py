@@ -111,11 +111,12 @@ WARNINGS_SCHEMA = {"type": "array", "items": {"type": "string"},
 REPORT_SCHEMA = {
     "type": "object",
     "additionalProperties": False,
-    "required": ["ok", "exit_status", "versions", "warnings", "backend", "inputs", "grad_x_first",
+    "required": ["ok", "exit_status", "op", "versions", "warnings", "backend", "inputs", "grad_x_first",
                  "grad_weight_first"],
     "properties": {
         "ok": {"type": "boolean", "description": "exit_status == 0"},
         "exit_status": {"enum": [0, 1]},
+        "op": {"enum": ["backward"], "description": "the operator run (--op)"},
         "versions": VERSIONS_SCHEMA,
         "warnings": WARNINGS_SCHEMA,
         "backend": {
@@ -206,6 +207,79 @@ REPORT_SCHEMA = {
             "properties": {"phase1": TIMING_SUMMARY_SCHEMA, "phase2_sync": TIMING_SUMMARY_SCHEMA,
                            "plan_sync": TIMING_SUMMARY_SCHEMA},
         },
+    },
+}
+
+#: reference.QuantComparison.to_dict(): the forward's codes and scales judged (docs/forward.md).
+QUANT_COMPARISON_SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["passed", "dst_type", "quant_mode", "rows_judged", "count", "exact", "near_midpoint",
+                 "code_mismatches", "nan_mismatch", "inf_mismatch", "scale_count", "scale_mismatches",
+                 "scale_boundary", "max_scale_ulps", "worst_index"],
+    "properties": {
+        "passed": {"type": "boolean"},
+        "dst_type": {"enum": ["float8_e4m3fn", "float8_e5m2", "float4_e2m1fn", "float4_e1m2"]},
+        "quant_mode": {"enum": [0, 1]},
+        "rows_judged": {**INT_GE0, "description": "rows before the truncation"},
+        "count": {**INT_GE0, "description": "codes judged"},
+        "exact": INT_GE0,
+        "near_midpoint": {**INT_GE0, "description": "codes one step off where the value lies at a rounding midpoint"},
+        "code_mismatches": INT_GE0,
+        "nan_mismatch": INT_GE0,
+        "inf_mismatch": INT_GE0,
+        "scale_count": INT_GE0,
+        "scale_mismatches": INT_GE0,
+        "scale_boundary": {**INT_GE0, "description": "power-of-two scales one exponent off at a step"},
+        "max_scale_ulps": INT_GE0,
+        "worst_index": {"type": ["array", "null"], "items": INT_GE0},
+    },
+}
+
+#: `--json` output of an --op forward run that got as far as the operator (exit status 0 or 1).
+FORWARD_REPORT_SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["ok", "exit_status", "op", "versions", "warnings", "backend", "inputs", "y_first", "y_scale_first"],
+    "properties": {
+        "ok": REPORT_SCHEMA["properties"]["ok"],
+        "exit_status": REPORT_SCHEMA["properties"]["exit_status"],
+        "op": {"enum": ["forward"]},
+        "versions": VERSIONS_SCHEMA,
+        "warnings": WARNINGS_SCHEMA,
+        "backend": REPORT_SCHEMA["properties"]["backend"],
+        "inputs": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["dtype", "shapes", "clamp_limit", "group_index", "dst_type", "quant_mode", "round_scale",
+                         "data"],
+            "properties": {
+                "dtype": {"enum": ["fp16", "bf16"]},
+                "shapes": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["x"],
+                    "description": "weight only with weight, group_index only with groups",
+                    "properties": {"x": SHAPE, "weight": SHAPE, "group_index": SHAPE},
+                },
+                "clamp_limit": {"type": ["number", "null"], "description": "null: clamp off"},
+                "group_index": {"type": ["array", "null"], "items": {"type": "integer"}},
+                "dst_type": QUANT_COMPARISON_SCHEMA["properties"]["dst_type"],
+                "quant_mode": {"enum": [0, 1]},
+                "round_scale": {"type": "boolean"},
+                "data": {"type": "string", "description": "'documented patterns' or 'random (seed N)'"},
+            },
+        },
+        "y_first": {**FIRST_VALUES, "description": "the first codes' values (FP4 unpacked), before their scales"},
+        "y_scale_first": {**FIRST_VALUES, "description": "the first scales' values (E8M0 decoded)"},
+        "check": {
+            "type": "object",
+            "additionalProperties": False,
+            "description": "absent with --no-check",
+            "required": ["y", "passed"],
+            "properties": {"y": QUANT_COMPARISON_SCHEMA, "passed": {"type": "boolean"}},
+        },
+        "timing": REPORT_SCHEMA["properties"]["timing"],
     },
 }
 
@@ -1509,3 +1583,167 @@ def test_every_exit_status_is_documented():
     for code, text in documented.items():
         assert re.search(rf"^  {code} +{re.escape(text)}$", help_text, flags=re.M), (code, help_text)
         assert re.search(rf"^  {code} +", cli.__doc__, flags=re.M), code
+
+
+# ----------------------------------------------------------------------------- --op forward
+
+
+FORWARD_VALUE_LINE = re.compile(r"^(y|yScale)\[(\d+)\] = (\S+)$")
+
+
+def forward_values(lines, name):
+    found = [m.groups() for m in map(FORWARD_VALUE_LINE.match, lines) if m and m.group(1) == name]
+    assert [int(i) for _, i, _ in found] == list(range(len(found))), f"{name} lines out of order"
+    return [float(text) for _, _, text in found]
+
+
+def forward_json(capsys, *args):
+    rc, out, err = run_inproc(capsys, "--json", "--op", "forward", *args)
+    report = json.loads(out)
+    assert report["exit_status"] == rc
+    assert_schema(report, FORWARD_REPORT_SCHEMA)
+    return rc, report, err
+
+
+def expected_forward(inputs, **options):
+    """The NumPy call's codes and scales for these inputs, as the values the CLI reports."""
+    from acl_swiglu import formats
+
+    y, y_scale = acl_swiglu.swiglu_group_quant(inputs["x"], inputs["weight"], inputs["group_index"], **options)
+    codes = formats.unpack_fp4(y, options["dst_type"]) if formats.DST_TYPES[options["dst_type"]].packed \
+        else y.astype(np.float32)
+    scales = formats.e8m0_scales(y_scale) if options["quant_mode"] == 1 else y_scale
+    return codes.reshape(-1)[:10].tolist(), scales.reshape(-1)[:10].tolist()
+
+
+def test_forward_default_run_prints_the_example_and_passes(capsys):
+    rc, out, err = run_inproc(capsys, "--op", "forward")
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert lines[0] == backend_line(installed_backend())
+    assert lines[2] == ("x [512, 1024] fp16, weight [512, 1], groupIndex [256, 256], clamp 1.0; float8_e4m3fn, "
+                        "quant mode 0")
+    inputs = example_inputs()
+    codes, scales = expected_forward(inputs, dst_type="float8_e4m3fn", quant_mode=0, round_scale=False,
+                                     clamp_limit=1.0)
+    assert forward_values(lines, "y") == codes
+    assert forward_values(lines, "yScale") == pytest.approx(scales, rel=1e-5)   # (printed with %g: 6 digits)
+    check = next(i for i, line in enumerate(lines) if line.startswith("check y and yScale"))
+    assert lines[check].startswith("check y and yScale against acl_swiglu.reference: PASS float8_e4m3fn mode 0: "
+                                   "0/262144 codes wrong")
+    assert lines[check + 1].endswith("; 512 rows judged")
+    assert lines[-1] == "verdict: PASS"
+
+
+FORWARD_KINDS = [("float8_e4m3fn", 0, False), ("float8_e5m2", 0, True), ("float8_e4m3fn", 1, True),
+                 ("float8_e5m2", 1, True), ("float4_e2m1fn", 1, True), ("float4_e1m2", 1, True)]
+
+
+@pytest.mark.parametrize("dst,mode,rounded", FORWARD_KINDS)
+def test_forward_json_reports_the_operators_values(capsys, dst, mode, rounded):
+    args = ["--dst-type", dst, "--quant-mode", mode, "--tokens", 24, "--hidden", 256, "--random", "--seed", 3,
+            "--dtype", "bf16", "--group-index", "20,1"]
+    if rounded and mode == 0:
+        args.append("--round-scale")
+    rc, report, _ = forward_json(capsys, *args)
+    assert rc == 0 and report["ok"] is True and report["op"] == "forward"
+    assert report["inputs"] == {"dtype": "bf16", "shapes": {"x": [24, 512], "weight": [24, 1], "group_index": [2]},
+                                "clamp_limit": 1.0, "group_index": [20, 1], "dst_type": dst, "quant_mode": mode,
+                                "round_scale": rounded, "data": "random (seed 3)"}
+    inputs = cli.make_forward_inputs(cli.build_parser().parse_args(
+        [str(a) for a in ["--op", "forward", *args]]))
+    codes, scales = expected_forward(inputs, dst_type=dst, quant_mode=mode, round_scale=rounded, clamp_limit=1.0)
+    assert report["y_first"] == codes and report["y_scale_first"] == scales
+    check = report["check"]
+    assert check["passed"] is True and check["y"]["passed"] is True
+    assert check["y"]["rows_judged"] == 21 and check["y"]["count"] == 21 * 256
+    assert check["y"]["dst_type"] == dst and check["y"]["quant_mode"] == mode
+
+
+def test_forward_fp4_defaults_to_mx_and_options_reach_the_operator(capsys):
+    rc, report, _ = forward_json(capsys, "--dst-type", "float4_e2m1fn", "--tokens", 4, "--hidden", 128,
+                                 "--no-weight", "--clamp", "none", "--group-index", "none", "--batch", 2)
+    assert rc == 0
+    assert report["inputs"]["quant_mode"] == 1 and report["inputs"]["round_scale"] is True
+    assert report["inputs"]["shapes"] == {"x": [2, 4, 256]} and report["inputs"]["clamp_limit"] is None
+    assert report["check"]["y"]["rows_judged"] == 8
+    assert all(s == 2.0 ** round(math.log2(s)) for s in report["y_scale_first"])   # E8M0: powers of two
+
+
+def test_forward_no_check_and_failing_check(capsys, monkeypatch):
+    rc, report, _ = forward_json(capsys, "--no-check", "--tokens", 8, "--hidden", 128)
+    assert rc == 0 and "check" not in report
+    real = acl_swiglu.swiglu_group_quant
+
+    def one_code_off(*args, **kwargs):   # the operator's codes with one of them changed
+        y, y_scale = real(*args, **kwargs)
+        codes = y.view(np.uint8).copy()
+        codes[0, 5] ^= 0x01
+        return codes.view(y.dtype), y_scale
+
+    monkeypatch.setattr(acl_swiglu, "swiglu_group_quant", one_code_off)
+    rc, report, _ = forward_json(capsys, "--tokens", 8, "--hidden", 128, "--random")
+    assert rc == 1 and report["ok"] is False
+    assert report["check"]["passed"] is False
+    assert report["check"]["y"]["code_mismatches"] == 1 and report["check"]["y"]["worst_index"] == [0, 5]
+    rc, out, _ = run_inproc(capsys, "--op", "forward", "--tokens", 8, "--hidden", 128, "--random")
+    assert rc == 1 and out.splitlines()[-1] == "verdict: FAIL"
+
+
+def test_forward_repeat_times_its_phases(capsys):
+    rc, out, _ = run_inproc(capsys, "--op", "forward", "--repeat", 3, "--tokens", 16, "--hidden", 128)
+    assert rc == 0
+    lines = out.splitlines()
+    head = lines.index("timing over 3 runs (microseconds, min / median):")
+    rows = [TIMING_LINE.match(line) for line in lines[head + 1:]]
+    assert all(rows) and [m.group(1) for m in rows] == ["phase 1", "phase 2 + synchronize",
+                                                         "plan call + synchronize"]
+    rc, report, _ = forward_json(capsys, "--repeat", 2, "--tokens", 16, "--hidden", 128, "--quant-mode", 1)
+    assert rc == 0
+    for key in ("phase1", "phase2_sync", "plan_sync"):
+        assert report["timing"][key]["n"] == 2
+        assert 0 < report["timing"][key]["min_us"] <= report["timing"][key]["max_us"]
+
+
+#: `--json` output of a failed --op forward run: the forward's inputs, when it got as far as them.
+FORWARD_ERROR_REPORT_SCHEMA = {**ERROR_REPORT_SCHEMA, "properties": {
+    **ERROR_REPORT_SCHEMA["properties"], "inputs": FORWARD_REPORT_SCHEMA["properties"]["inputs"]}}
+
+FORWARD_USAGE_ERRORS = [
+    (["--dst-type", "float8_e5m2"], "--dst-type applies to the forward only: add --op forward"),
+    (["--quant-mode", "1", "--round-scale"], "--quant-mode, --round-scale apply to the forward only"),
+    (["--op", "forward", "--abi", "2"], "--abi chooses the backward's ABI revision"),
+    (["--op", "forward", "--dtype", "fp32"], "--dtype fp32: the forward's quant modes 0 and 1 take fp16 or bf16"),
+    (["--op", "forward", "--hidden", "100"], "x's last dim is 200; it must be a multiple of 256"),
+    (["--op", "forward", "--dst-type", "float4_e1m2", "--quant-mode", "0"], "is produced by quant_mode 1"),
+    (["--op", "forward", "--tokens", "0"], "is empty"),
+]
+
+
+@pytest.mark.parametrize("args,message", FORWARD_USAGE_ERRORS, ids=[" ".join(a) for a, _ in FORWARD_USAGE_ERRORS])
+def test_forward_usage_errors_exit_2(capsys, args, message):
+    rc, out, err = run_inproc(capsys, "--json", *args)
+    assert rc == 2
+    report = json.loads(out)
+    assert_schema(report, FORWARD_ERROR_REPORT_SCHEMA if "--op" in args else ERROR_REPORT_SCHEMA)
+    assert message in report["error"]["message"] and message in err
+    assert report["error"]["kind"] == "argument"
+
+
+def test_forward_runs_in_a_process(tmp_path):
+    proc = run_cli(tmp_path, "--op", "forward", "--tokens", "8", "--hidden", "128", "--quant-mode", "1", "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert_schema(report, FORWARD_REPORT_SCHEMA)
+    assert report["check"]["passed"] is True
+
+
+def test_the_forward_output_shown_in_the_docs_is_what_it_prints(tmp_path):
+    from doc_snippets import ROOT, section
+
+    page = section(ROOT / "docs" / "cli.md", "The forward: `--op forward`")
+    shown = re.search(r"^```text\n(.*?)^```", page, flags=re.M | re.S).group(1)
+    proc = run_cli(tmp_path, "--op", "forward", env=subprocess_env(ACL_SWIGLU_BACKEND="emulator"))
+    assert proc.returncode == 0, proc.stderr
+    printed = re.sub(r"(root |library: )\S*site-packages", r"\1/…/site-packages", proc.stdout)
+    assert printed.strip() == shown.strip()
