@@ -35,19 +35,29 @@ INLINE void store_bytes(uint8_t *p, vuint codes)
 
 INLINE vint max_lanes(vint a, vint b) { return vselect_int(a > b, a, b); }
 
+/* The lanes 8, 4, 2 and 1 away (with wrap-around within each group of twice that). Masks are
+ * macros, and the shuffles take two operands: clang builds (cmake/clang_gnu_builtins.h) spell
+ * __builtin_shuffle as a macro of three arguments, and a brace list would split into more. */
+#define LANES_8_AWAY {8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7}
+#if KERNEL_LANES == 16
+#define LANES_4_AWAY {4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11}
+#define LANES_2_AWAY {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13}
+#define LANES_1_AWAY {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14}
+#else
+#define LANES_4_AWAY {4, 5, 6, 7, 0, 1, 2, 3}
+#define LANES_2_AWAY {2, 3, 0, 1, 6, 7, 4, 5}
+#define LANES_1_AWAY {1, 0, 3, 2, 5, 4, 7, 6}
+#endif
+
 /* The largest lane, by halving: each step takes the maximum with the lanes half a width away. */
 INLINE uint32_t max_lane(vint v)
 {
 #if KERNEL_LANES == 16
-    v = max_lanes(v, __builtin_shuffle(v, (vint){8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7}));
-    v = max_lanes(v, __builtin_shuffle(v, (vint){4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11}));
-    v = max_lanes(v, __builtin_shuffle(v, (vint){2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13}));
-    v = max_lanes(v, __builtin_shuffle(v, (vint){1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14}));
-#else
-    v = max_lanes(v, __builtin_shuffle(v, (vint){4, 5, 6, 7, 0, 1, 2, 3}));
-    v = max_lanes(v, __builtin_shuffle(v, (vint){2, 3, 0, 1, 6, 7, 4, 5}));
-    v = max_lanes(v, __builtin_shuffle(v, (vint){1, 0, 3, 2, 5, 4, 7, 6}));
+    v = max_lanes(v, __builtin_shuffle(v, v, (vint)LANES_8_AWAY));
 #endif
+    v = max_lanes(v, __builtin_shuffle(v, v, (vint)LANES_4_AWAY));
+    v = max_lanes(v, __builtin_shuffle(v, v, (vint)LANES_2_AWAY));
+    v = max_lanes(v, __builtin_shuffle(v, v, (vint)LANES_1_AWAY));
     return (uint32_t)v[0];
 }
 
