@@ -268,6 +268,43 @@ def _summary(samples: List[float]) -> Dict[str, float]:
     return {"n": len(us), "min_us": min(us), "median_us": statistics.median(us), "max_us": max(us)}
 
 
+def _time_calls(phase_1: Callable[[], Any], plan: Callable[[], Any], stream: Any, repeat: int, progress: bool,
+                after: float) -> Dict[str, Any]:
+    """`repeat` runs each of phase 1 (`phase_1` makes an executor), phase 2 + synchronize of a
+    fresh executor, and a plan call + synchronize on `stream`; their summaries by step."""
+    def phase1_run() -> float:
+        t0 = time.perf_counter()
+        executor = phase_1()
+        elapsed = time.perf_counter() - t0
+        executor.close()
+        return elapsed
+
+    def phase2_run() -> float:
+        executor = phase_1()
+        t0 = time.perf_counter()
+        executor.launch(stream)
+        stream.synchronize()
+        return time.perf_counter() - t0
+
+    def plan_run() -> float:
+        t0 = time.perf_counter()
+        plan()
+        stream.synchronize()
+        return time.perf_counter() - t0
+
+    timing: Dict[str, Any] = {}
+    for key, label, run in (("phase1", "phase 1", phase1_run), ("phase2_sync", "phase 2 + synchronize", phase2_run),
+                            ("plan_sync", "plan + synchronize", plan_run)):
+        samples: List[float] = []
+        bar = _Progress(label, repeat, progress, after)
+        for i in range(repeat):
+            samples.append(run())
+            bar.update(i + 1)
+        bar.close()
+        timing[key] = _summary(samples)
+    return timing
+
+
 def time_phases(inputs: Dict[str, Any], repeat: int, progress: bool, after: float = 1.0) -> Dict[str, Any]:
     """Times phase 1, phase 2 + synchronize, and a plan call + synchronize on device copies."""
     import acl_swiglu as acl
@@ -291,34 +328,9 @@ def time_phases(inputs: Dict[str, Any], repeat: int, progress: bool, after: floa
                        if inputs["weight"] is not None else None)
         args = [device[n] for n in names] + [inputs["clamp_limit"]]
 
-        phase1, phase2, plan_times = [], [], []
-        bar = _Progress("phase 1", repeat, progress, after)
-        for i in range(repeat):
-            t0 = time.perf_counter()
-            executor = acl.get_workspace_size(*args, grad_x=grad_x, grad_weight=grad_weight)
-            phase1.append(time.perf_counter() - t0)
-            executor.close()
-            bar.update(i + 1)
-        bar.close()
-        bar = _Progress("phase 2 + synchronize", repeat, progress, after)
-        for i in range(repeat):
-            executor = acl.get_workspace_size(*args, grad_x=grad_x, grad_weight=grad_weight)
-            t0 = time.perf_counter()
-            executor.launch(stream)
-            stream.synchronize()
-            phase2.append(time.perf_counter() - t0)
-            bar.update(i + 1)
-        bar.close()
-        bar = _Progress("plan + synchronize", repeat, progress, after)
         with acl.SwigluGroupQuantGradPlan(*args, grad_x=grad_x, grad_weight=grad_weight, stream=stream) as plan:
-            for i in range(repeat):
-                t0 = time.perf_counter()
-                plan()
-                stream.synchronize()
-                plan_times.append(time.perf_counter() - t0)
-                bar.update(i + 1)
-        bar.close()
-        results = {"phase1": _summary(phase1), "phase2_sync": _summary(phase2), "plan_sync": _summary(plan_times)}
+            results = _time_calls(lambda: acl.get_workspace_size(*args, grad_x=grad_x, grad_weight=grad_weight),
+                                  plan, stream, repeat, progress, after)
     finally:
         stream.close()
         for name in names:
@@ -452,19 +464,9 @@ def run(args: argparse.Namespace, report: Dict[str, Any]) -> int:
         status = EXIT_OK if passed else EXIT_CHECK_FAILED
 
     if args.repeat:
-        timing = time_phases(inputs, args.repeat, progress=not args.json and sys.stderr.isatty(),
-                             after=args.progress_after)
-        report["timing"] = timing
-        say(f"timing over {args.repeat} runs (microseconds, min / median):")
-        for key, label in (("phase1", "phase 1"), ("phase2_sync", "phase 2 + synchronize"),
-                           ("plan_sync", "plan call + synchronize")):
-            say(f"  {label:<24} {timing[key]['min_us']:10.1f} / {timing[key]['median_us']:10.1f}")
-
-    report["ok"] = status == EXIT_OK
-    report["exit_status"] = status
-    if args.json:
-        print(json.dumps(report, indent=2, default=float))
-    return status
+        _report_timing(time_phases(inputs, args.repeat, progress=not args.json and sys.stderr.isatty(),
+                                   after=args.progress_after), args.repeat, report, say)
+    return _finish(report, status, args)
 
 
 # ---- --op forward: aclnnSwigluGroupQuant ----
@@ -558,14 +560,21 @@ def run_forward(args: argparse.Namespace, report: Dict[str, Any], say: Callable[
         status = EXIT_OK if verdict.passed else EXIT_CHECK_FAILED
 
     if args.repeat:
-        timing = time_forward(inputs, options, args.repeat, progress=not args.json and sys.stderr.isatty(),
-                              after=args.progress_after)
-        report["timing"] = timing
-        say(f"timing over {args.repeat} runs (microseconds, min / median):")
-        for key, label in (("phase1", "phase 1"), ("phase2_sync", "phase 2 + synchronize"),
-                           ("plan_sync", "plan call + synchronize")):
-            say(f"  {label:<24} {timing[key]['min_us']:10.1f} / {timing[key]['median_us']:10.1f}")
+        _report_timing(time_forward(inputs, options, args.repeat, progress=not args.json and sys.stderr.isatty(),
+                                    after=args.progress_after), args.repeat, report, say)
+    return _finish(report, status, args)
 
+
+def _report_timing(timing: Dict[str, Any], repeat: int, report: Dict[str, Any], say: Callable[[str], None]) -> None:
+    report["timing"] = timing
+    say(f"timing over {repeat} runs (microseconds, min / median):")
+    for key, label in (("phase1", "phase 1"), ("phase2_sync", "phase 2 + synchronize"),
+                       ("plan_sync", "plan call + synchronize")):
+        say(f"  {label:<24} {timing[key]['min_us']:10.1f} / {timing[key]['median_us']:10.1f}")
+
+
+def _finish(report: Dict[str, Any], status: int, args: argparse.Namespace) -> int:
+    """The report's verdict fields, printed as JSON with --json; the exit status."""
     report["ok"] = status == EXIT_OK
     report["exit_status"] = status
     if args.json:
@@ -598,39 +607,12 @@ def time_forward(inputs: Dict[str, Any], options: Dict[str, Any], repeat: int, p
                 return forward.get_workspace_size(device["x"], device["weight"], device["group_index"], **options,
                                                   **outputs)
 
-            phase1: List[float] = []
-            phase2: List[float] = []
-            plan_times: List[float] = []
-            bar = _Progress("phase 1", repeat, progress, after)
-            for i in range(repeat):
-                t0 = time.perf_counter()
-                executor = phase_1()
-                phase1.append(time.perf_counter() - t0)
-                executor.close()
-                bar.update(i + 1)
-            bar.close()
-            bar = _Progress("phase 2 + synchronize", repeat, progress, after)
-            for i in range(repeat):
-                executor = phase_1()
-                t0 = time.perf_counter()
-                executor.launch(stream)
-                stream.synchronize()
-                phase2.append(time.perf_counter() - t0)
-                bar.update(i + 1)
-            bar.close()
-            bar = _Progress("plan + synchronize", repeat, progress, after)
-            for i in range(repeat):
-                t0 = time.perf_counter()
-                plan()
-                stream.synchronize()
-                plan_times.append(time.perf_counter() - t0)
-                bar.update(i + 1)
-            bar.close()
+            timing = _time_calls(phase_1, plan, stream, repeat, progress, after)
     finally:
         stream.close()
         for array in made:
             array.close()
-    return {"phase1": _summary(phase1), "phase2_sync": _summary(phase2), "plan_sync": _summary(plan_times)}
+    return timing
 
 
 def versions() -> Dict[str, Optional[str]]:
