@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch", reason="acl_swiglu.torch needs torch (pip i
 import acl_swiglu  # noqa: E402
 import acl_swiglu.torch as at  # noqa: E402
 from acl_swiglu import bfloat16  # noqa: E402
+from npu_stand_in import npu_stand_in as stand_in  # noqa: E402
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 NUMPY_OF = {torch.float32: np.dtype(np.float32), torch.float16: np.dtype(np.float16), torch.bfloat16: bfloat16}
@@ -563,67 +564,10 @@ def test_device_path_derivation_gives_the_one_shot_result(dtype, view):
     np.testing.assert_array_equal(got_w.view(np.uint8), expect_w.view(np.uint8))
 
 
-class _StandInTorchNpu:
-    """What the NPU kernel uses of torch_npu, over emulator memory: tensors whose storage is
-    emulator device memory, a current stream that is an emulator stream, formats as given."""
-
-    def __init__(self, stream, formats=None):
-        import contextlib
-        import types
-        self.stream_reads = 0
-        self.formats = formats or {}
-        outer = self
-
-        class _Stream:
-            @property
-            def npu_stream(self):
-                outer.stream_reads += 1
-                return stream.handle
-
-        self.npu = types.SimpleNamespace(device=lambda device: contextlib.nullcontext(), init=lambda: None,
-                                         current_device=lambda: 0, current_stream=lambda device=None: _Stream())
-
-    def get_npu_format(self, tensor):
-        return self.formats.get(tensor.untyped_storage().data_ptr(), 2)
-
-
-class _EmulatorMemory:
-    """torch tensors whose storage is emulator device memory (host-addressable in the emulator)."""
-
-    def __init__(self):
-        self.buffers = []
-
-    def empty(self, shape, dtype, device=None):
-        import ctypes
-        nbytes = max(math.prod(shape) * torch.empty((), dtype=dtype).element_size(), 1)
-        self.buffers.append(acl_swiglu.DeviceBuffer(nbytes))
-        raw = np.frombuffer((ctypes.c_uint8 * nbytes).from_address(self.buffers[-1].ptr), np.uint8)
-        return torch.from_numpy(raw).view(dtype)[:math.prod(shape)].view(shape)
-
-    def holding(self, tensor):
-        """A copy of `tensor` in emulator memory, keeping its strides and storage offset."""
-        storage = torch.empty(0, dtype=torch.uint8).set_(tensor.untyped_storage())
-        copy = self.empty((storage.numel(),), torch.uint8)
-        copy.copy_(storage)
-        return copy.view(tensor.dtype).as_strided(tensor.shape, tensor.stride(), tensor.storage_offset())
-
-    def close(self):
-        for buffer in self.buffers:
-            buffer.close()
-
-
 @pytest.fixture
 def npu_stand_in(monkeypatch):
-    memory = _EmulatorMemory()
-    with acl_swiglu.Stream() as stream:
-        torch_npu = _StandInTorchNpu(stream)
-        monkeypatch.setitem(__import__("sys").modules, "torch_npu", torch_npu)
-        monkeypatch.setattr(at, "_allocate", memory.empty)
-        try:
-            yield torch_npu, memory, stream
-        finally:
-            stream.synchronize()
-            memory.close()
+    with stand_in(monkeypatch, at) as parts:
+        yield parts
 
 
 @pytest.mark.emulator_only

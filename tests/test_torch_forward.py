@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch", reason="acl_swiglu.torch needs torch (pip i
 import acl_swiglu  # noqa: E402
 import acl_swiglu.torch as at  # noqa: E402
 from acl_swiglu import _torch_forward, bfloat16, formats, reference  # noqa: E402
+from npu_stand_in import npu_stand_in as stand_in  # noqa: E402
 
 OP = torch.ops.acl_swiglu.swiglu_group_quant.default
 E8M0 = getattr(torch, "float8_e8m0fnu", torch.uint8)
@@ -515,67 +516,10 @@ def test_tracing_first_loads_nothing_and_runs(tmp_path, script):
 # ---- the NPU kernel, on emulator memory with a stand-in torch_npu ----
 
 
-class _StandInTorchNpu:
-    """What the NPU kernel uses of torch_npu: a current stream that is an emulator stream, the
-    device context, formats as given (ND by default)."""
-
-    def __init__(self, stream):
-        import contextlib
-        import types
-        self.stream_reads = 0
-        self.formats = {}
-        outer = self
-
-        class _Stream:
-            @property
-            def npu_stream(self):
-                outer.stream_reads += 1
-                return stream.handle
-
-        self.npu = types.SimpleNamespace(device=lambda device: contextlib.nullcontext(), init=lambda: None,
-                                         current_device=lambda: 0, current_stream=lambda device=None: _Stream())
-
-    def get_npu_format(self, tensor):
-        return self.formats.get(tensor.untyped_storage().data_ptr(), 2)
-
-
-class _EmulatorMemory:
-    """torch tensors whose storage is emulator device memory (host-addressable in the emulator)."""
-
-    def __init__(self):
-        self.buffers = []
-
-    def empty(self, shape, dtype, device=None):
-        import ctypes
-        nbytes = max(math.prod(shape) * torch.empty((), dtype=dtype).element_size(), 1)
-        self.buffers.append(acl_swiglu.DeviceBuffer(nbytes))
-        raw = np.frombuffer((ctypes.c_uint8 * nbytes).from_address(self.buffers[-1].ptr), np.uint8)
-        return torch.from_numpy(raw).view(dtype)[:math.prod(shape)].view(shape)
-
-    def holding(self, tensor):
-        """A copy of `tensor` in emulator memory, with its strides and storage offset."""
-        storage = torch.empty(0, dtype=torch.uint8).set_(tensor.untyped_storage())
-        copy = self.empty((storage.numel(),), torch.uint8)
-        copy.copy_(storage)
-        return copy.view(tensor.dtype).as_strided(tensor.shape, tensor.stride(), tensor.storage_offset())
-
-    def close(self):
-        for buffer in self.buffers:
-            buffer.close()
-
-
 @pytest.fixture
 def npu_stand_in(monkeypatch):
-    memory = _EmulatorMemory()
-    with acl_swiglu.Stream() as stream:
-        torch_npu = _StandInTorchNpu(stream)
-        monkeypatch.setitem(__import__("sys").modules, "torch_npu", torch_npu)
-        monkeypatch.setattr(_torch_forward, "_allocate", memory.empty)
-        try:
-            yield torch_npu, memory, stream
-        finally:
-            stream.synchronize()
-            memory.close()
+    with stand_in(monkeypatch, _torch_forward) as parts:
+        yield parts
 
 
 @pytest.mark.emulator_only
