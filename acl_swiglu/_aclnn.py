@@ -14,7 +14,6 @@ import math
 import threading
 import weakref
 from collections import OrderedDict
-from threading import get_ident
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 import numpy as np
@@ -27,7 +26,7 @@ from ._operator import (Executor, Operator, OperatorDescription, Signature, chec
 from ._plan import Binding, raise_launch_failure
 from .errors import ArgumentError, HostMemoryError
 from .tensor import TensorView
-from .runtime import Use, at_fork_in_child, current_device, free_collected, in_forked_child, state
+from .runtime import Life, Use, at_fork_in_child, current_device, free_collected, in_forked_child, release_due, state
 
 _operators: "weakref.WeakSet[Operator]" = weakref.WeakSet()
 
@@ -88,10 +87,11 @@ def release_cached() -> None:
     default_stream().release_workspace()
     for operator in list(_operators):
         with state.lock:
-            bindings = list(operator.bindings.values())
+            kept = [k for idle in operator.bindings.values() for k in idle]
             operator.bindings.clear()
-        for binding in bindings:
-            binding.close()
+            operator.generation += 1   # (executors out of the pool now are closed when put back)
+        for executor in kept:
+            executor.close()
 
 
 def _host_array(name: str, value: Any) -> Any:
@@ -245,9 +245,9 @@ def device_call(operator: Operator, given: Dict[str, Any], stream: Optional[Stre
         for name, shape, dtype in layout.missing:
             made.append(DeviceArray.zeros(shape, dtype) if name in layout.preset else DeviceArray.empty(shape, dtype))
             arrays[name] = made[-1]
-        hosts = host_lists(operator, signature, given)
+        hosts = host_lists(operator, signature, given) if signature.host_names else {}
         key = (layout.key or tuple(a._layout_id for a in arrays.values()), current_device(),
-               tuple(tuple(v.tolist()) for v in hosts.values()))
+               tuple(tuple(v.tolist()) for v in hosts.values()) if hosts else ())
         _launch_kept(operator, signature, key, layout, arrays, hosts, stream)
     except BaseException:
         for array in made:
@@ -256,72 +256,151 @@ def device_call(operator: Operator, given: Dict[str, Any], stream: Optional[Stre
     return [arrays.get(name) for name in signature.output_names]
 
 
+class _Kept:
+    """A kept executor of device-level calls, and what its Use holds from one call to the next:
+    the memory of the arrays it is bound to (the arrays themselves only weakly referenced), the
+    stream and the workspace. While it waits in its operator's pool the Use is idle, which holds
+    off no close(): what is closed meanwhile is freed at once, and the epoch has moved, so the
+    next call binds again."""
+
+    def __init__(self) -> None:
+        self.binding: Optional[Binding] = None   # made by the first call's _bind
+        self.use = Use()
+        self.arrays: Tuple["weakref.ReferenceType[DeviceArray]", ...] = ()   # of its last checked launch
+        self.stream: Optional[Life] = None
+        self.checked_at = -1   # the epoch after its last checked launch (-1: bind and check first)
+        self.ready = False     # matched the arrays of the call that took it out of the pool
+        self._let_go = weakref.finalize(self, setattr, self.use, "active", False)
+
+    def matches(self, arrays: Dict[str, DeviceArray], stream: Life, epoch: int) -> bool:
+        """Whether it can launch as it stands (``ready``): bound to these very arrays and stream,
+        and nothing closed and no access record changed (the epoch) since its last checked
+        launch."""
+        self.ready = False
+        if self.checked_at != epoch or self.stream is not stream or len(self.arrays) != len(arrays):
+            return False
+        for bound, array in zip(self.arrays, arrays.values()):
+            if bound() is not array:
+                return False
+        self.ready = True
+        return True
+
+    def close(self) -> None:
+        self._let_go.detach()
+        self.use.let_go()
+        if self.binding is not None:
+            self.binding.close()   # (freed once the calls queued with it are done)
+
+
 def _launch_kept(operator: Operator, signature: Signature, key: Tuple[Any, ...], layout: _DeviceLayout,
                  arrays: Dict[str, DeviceArray], hosts: Dict[str, np.ndarray], stream: Stream) -> None:
-    """Rebinds the kept executor of this key (made first if needed) and launches it, holding the
-    arrays and the stream from before the executor is made to after the launch is queued."""
-    inputs = [arrays[name] for name in layout.inputs]
-    outputs = [arrays[name] for name in layout.outputs]
-    use = Use((stream._life, *lives_of(arrays.values())), stream._life)
+    """Takes a kept executor of this key out of the operator's pool (or makes one), launches it,
+    and puts it back. Out of the pool an executor is this call's alone: a call that finds none
+    idle (another thread's, or its own from a gc callback, has it) makes its own."""
+    kept: Optional[_Kept] = None
+    generation = -1
+    start = -1
     try:
-        epoch = state.epoch
-        if not use.take():
-            check_open(arrays)
-            stream.check_open("stream")
-        views = views_of(layout.problem)
-        binding = _binding(operator, signature, key, arrays, hosts, layout.scalars, views)
-        while not use.add(binding._life):   # (dropped by release_cached() or evicted meanwhile)
-            binding = _binding(operator, signature, key, arrays, hosts, layout.scalars, views)
-        if binding.owner == get_ident():
-            # A call from code run inside a call of this executor (a gc callback): its own executor.
-            binding = Binding(operator, signature, arrays, hosts, layout.scalars, views)
-            use.add(binding._life)
-            binding.close()   # (freed when this call lets go, after the stream is past it)
-        with binding.lock:
-            _launch_locked(operator, binding, arrays, inputs, outputs, stream, use, epoch)
+        with state.lock:   # (closes and frees are decided under it: from here on a close fails the call)
+            generation, start = operator.generation, state.epoch
+            kept = _take_kept(operator.bindings, key, arrays, stream._life, start)
+        if kept is None:
+            kept = _Kept()
+        _launch(operator, signature, kept, arrays, hosts, layout, stream, start)
     finally:
-        use.let_go()
+        if kept is not None:
+            _put_back(operator, key, kept, generation)
 
 
-def _launch_locked(operator: Operator, binding: Binding, arrays: Dict[str, DeviceArray], inputs: List[DeviceArray],
-                   outputs: List[DeviceArray], stream: Stream, use: Use, epoch: int) -> None:
-    """The launch, under the executor's lock. (A function of its own: a ``try`` right inside a
-    ``with`` does not cover its own first line.)"""
-    try:
-        binding.owner = get_ident()
+_PER_LAYOUT = 2   # idle executors of one key before a call rebinds one instead of making another
+
+
+def _take_kept(pool: "OrderedDict[Tuple[Any, ...], List[_Kept]]", key: Tuple[Any, ...],
+               arrays: Dict[str, DeviceArray], stream: Life, epoch: int) -> Optional[_Kept]:
+    """Under state.lock: the idle executor of this key ready for these arrays; else, when the key
+    has its share idle, the least recently used (to bind again); else None (make one)."""
+    idle = pool.get(key)
+    if not idle:
+        return None
+    chosen = next((k for k in idle if k.matches(arrays, stream, epoch)), idle[0] if len(idle) >= _PER_LAYOUT else None)
+    if chosen is not None:
+        idle.remove(chosen)
+        if not idle:
+            del pool[key]
+        chosen.use.idle = False
+    return chosen
+
+
+def _launch(operator: Operator, signature: Signature, kept: _Kept, arrays: Dict[str, DeviceArray],
+            hosts: Dict[str, np.ndarray], layout: _DeviceLayout, stream: Stream, start: int) -> None:
+    """Launches the executor on this call's arrays: at once when it is ready for them (as a plan
+    does), else after binding it, holding them, and ordering the launch after other streams'."""
+    life = stream._life
+    checked = kept.ready
+    kept.ready = False
+    if not checked:
+        _bind(operator, signature, kept, arrays, hosts, layout, stream)
+        inputs = [arrays[name] for name in layout.inputs]
+        outputs = [arrays[name] for name in layout.outputs]
+        order_launch(inputs, outputs, life)
+    kept.checked_at = -1
+    binding = kept.binding
+    assert binding is not None   # (bound)
+    result = binding.launch_call(binding.launch_argument, 0)
+    if result:
+        raise_launch_failure(operator, operator.api(), result)
+    expected = start if checked else record_launch(inputs, outputs, life, start)
+    if state.epoch != expected:   # closed by another thread during the call: it must not succeed
+        check_open(arrays)
+        stream.check_open("stream")
+    else:
+        kept.checked_at = expected
+
+
+def _bind(operator: Operator, signature: Signature, kept: _Kept, arrays: Dict[str, DeviceArray],
+          hosts: Dict[str, np.ndarray], layout: _DeviceLayout, stream: Stream) -> None:
+    """Holds this call's arrays and stream in the kept executor's Use (letting go of the ones
+    before), and points the executor (made now, the first time) at them and at the stream's
+    pooled workspace."""
+    use, binding, life = kept.use, kept.binding, stream._life
+    kept.arrays, kept.stream = (), None
+    with state.lock:
+        taken = use.hold_only([life, *lives_of(arrays.values()), *([binding._life] if binding else [])], life)
+    if not taken:
+        check_open(arrays)
+        stream.check_open("stream")
+    if binding is None:
+        check_open(arrays)   # (also arrays without memory, which hold nothing)
+        binding = kept.binding = Binding(operator, signature, arrays, hosts, layout.scalars, views_of(layout.problem))
+        use.add(binding._life)
+    else:
         binding.bind(arrays)
-        launch = binding.launch
-        launch.stream = stream._address.value
-        size = binding.workspace_size
-        launch.workspace = stream.take_workspace(size, use) if size else None
-        order_launch(inputs, outputs, stream._life)
-        result = binding.launch_call(binding.launch_argument, 0)
-        if result:
-            raise_launch_failure(operator, operator.api(), result)
-        record_launch(inputs, outputs, stream._life)
-        if state.epoch != epoch:   # closed by another thread during the call: it must not succeed
-            check_open(arrays)
-            stream.check_open("stream")
-    finally:
-        binding.owner = None
+    size = binding.workspace_size
+    binding.launch.workspace = stream.take_workspace(size, use) if size else None
+    binding.launch.stream = stream._address.value
+    kept.arrays, kept.stream = tuple(weakref.ref(array) for array in arrays.values()), life
 
 
-def _binding(operator: Operator, signature: Signature, key: Tuple[Any, ...], arrays: Dict[str, DeviceArray],
-             hosts: Dict[str, np.ndarray], scalars: Tuple[Any, ...], views: Mapping[str, TensorView]) -> Binding:
-    """The kept executor of this key, or a new one (the oldest kept one goes)."""
-    bindings: "OrderedDict[Tuple[Any, ...], Binding]" = operator.bindings
+def _put_back(operator: Operator, key: Tuple[Any, ...], kept: _Kept, generation: int) -> None:
+    """Returns an executor to the pool, idle (the oldest idle one goes when the pool is full); one
+    made before a release_cached() is closed instead."""
     with state.lock:
-        binding = bindings.get(key)
-        if binding is not None and not binding.closed:
-            bindings.move_to_end(key)
-            return binding
-    binding = Binding(operator, signature, arrays, hosts, scalars, views)
-    with state.lock:
-        bindings[key] = binding
-        evicted = bindings.popitem(last=False)[1] if len(bindings) > _BINDINGS_KEPT else None
-    if evicted is not None:
-        evicted.close()   # (freed once the calls using it are done)
-    return binding
+        spare: Optional[_Kept] = kept
+        if generation == operator.generation and kept.binding is not None and not kept.binding.closed:
+            kept.use.idle = True
+            pool = operator.bindings
+            pool.setdefault(key, []).append(kept)
+            pool.move_to_end(key)
+            spare = None
+            if sum(map(len, pool.values())) > _BINDINGS_KEPT:
+                oldest = next(iter(pool))
+                spare = pool[oldest].pop(0)
+                if not pool[oldest]:
+                    del pool[oldest]
+    if spare is not None:
+        spare.close()
+    elif state.due or state.collected:
+        release_due()   # (what was closed while this call held it)
 
 
 def workspace_size(operator: Operator, arguments: Dict[str, Any]) -> Executor:

@@ -90,9 +90,8 @@ class StreamLife(Life):
             with state.lock:
                 if self.owned and (self.freeing or self.handle is None):
                     return   # destroyed (or being destroyed): destroying waits for the work
-                use.lives.append(self)
-                self.holders.add(use)   # a destroy now waits for this wait
-            status = api.hot.aclrtSynchronizeStream(ctypes.c_void_p(self.address.value))
+                use.hold_also(self)   # a destroy now waits for this wait
+            status = api.hot.aclrtSynchronizeStream(self.address)
         finally:
             use.let_go()
         if status:
@@ -166,11 +165,11 @@ class Stream(Owned):
         device = self._device if self._device is not None else current_device()
         with state.lock:
             pooled = self._pools.get(device)
-            if pooled is not None and pooled.nbytes >= nbytes and use.add(pooled._life):
+            if pooled is not None and pooled.nbytes >= nbytes and use.hold_also(pooled._life):
                 return int(pooled._life.handle.value)   # (held: freed only after this use)
         fresh = DeviceBuffer(nbytes)   # (not under the lock: an allocation may run a finalizer)
         with state.lock:
-            use.add(fresh._life)
+            use.hold_also(fresh._life)
             old, self._pools[device] = self._pools.get(device), fresh
         if old is not None:
             old.close()   # freed once the work queued with it is done

@@ -49,7 +49,8 @@ def raise_launch_failure(operator: Operator, api: Any, result: int) -> None:
 
 class Binding(Owned):
     """A repeatable executor over its own tensor handles, one per array parameter; ``bind``
-    points them at arrays of the same layouts. Used under its ``lock``."""
+    points them at arrays of the same layouts. Used by one call at a time: its plan's (under the
+    plan's lock), or the device-level call that took it out of its operator's pool."""
 
     _kind = "plan executor"
 
@@ -57,8 +58,6 @@ class Binding(Owned):
                  host_values: Mapping[str, np.ndarray], scalars: Sequence[Any],
                  views: Mapping[str, TensorView]) -> None:
         super().__init__()
-        self.lock = threading.Lock()
-        self.owner: Optional[int] = None   # the thread whose call holds the lock
         self.operator = operator
         self.tensors: Dict[str, AclTensor] = {}
         try:

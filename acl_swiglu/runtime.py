@@ -82,7 +82,7 @@ class Life:
 
 
 def _held(life: Life) -> bool:
-    return any(use.active for use in life.holders)
+    return any(use.active and not use.idle for use in life.holders)
 
 
 def _next_due() -> Optional[Life]:
@@ -188,39 +188,61 @@ class Use:
     record the Use's stream on them: queued work on it may use them from then on); ``let_go()``
     ends the whole hold in its first statement, so whatever part of a take an exception cut
     short holds nothing once let_go has run. A handle closed while held is freed when nothing
-    holds it any more (after the streams that used it)."""
+    holds it any more (after the streams that used it).
 
-    __slots__ = ("lives", "stream", "active")
+    An ``idle`` Use (an executor waiting in its pool, set under state.lock) holds off no free: a
+    handle closed meanwhile is freed at once, and the epoch tells the Use's owner to look again."""
+
+    __slots__ = ("lives", "stream", "active", "idle")
 
     def __init__(self, lives: Iterable[Life] = (), stream: Optional[Life] = None) -> None:
         self.lives: List[Life] = list(lives)
         self.stream = stream
         self.active = True
+        self.idle = False
 
     def take(self) -> bool:
         """Holds every life; False when one of them was closed already (the caller refuses)."""
-        stream = self.stream
-        taken = True
         with state.lock:
-            for life in self.lives:
-                holders = life.holders
-                if len(holders) > 16:   # (Uses ended by their owner's collection stay listed, inactive)
-                    life.holders = holders = {use for use in holders if use.active}
-                holders.add(self)
-                if stream is not None and stream is not life:
-                    if life.streams is None:
-                        life.streams = {stream}
-                    else:
-                        life.streams.add(stream)
-                taken = taken and not life.closed
+            return self.hold()
+
+    def hold(self) -> bool:
+        """take(), for a caller that holds state.lock already."""
+        taken = True
+        for life in self.lives:
+            self._hold(life)
+            if life.closed:
+                taken = False
         return taken
 
     def add(self, life: Life) -> bool:
         """Holds one more life; False when it was closed already."""
         with state.lock:
-            self.lives.append(life)
+            return self.hold_also(life)
+
+    def hold_also(self, life: Life) -> bool:
+        """add(), for a caller that holds state.lock already."""
+        self.lives.append(life)
+        self._hold(life)
+        return not life.closed
+
+    def hold_only(self, lives: List[Life], stream: Optional[Life]) -> bool:
+        """Under state.lock: holds exactly `lives` from now on, recording `stream` on them, and
+        lets go of the others; False when one of them was closed already. (At every step
+        ``self.lives`` covers every life this Use holds, so an interrupted call is undone by
+        let_go, or finished by the next.)"""
+        stale = [life for life in self.lives if life not in lives]
+        self.lives = stale + lives
+        self.stream = stream
+        taken = True
+        for life in lives:
             self._hold(life)
-            return not life.closed
+            if life.closed:
+                taken = False
+        for life in stale:
+            life.holders.discard(self)
+        self.lives = list(lives)
+        return taken
 
     def _hold(self, life: Life) -> None:
         holders = life.holders

@@ -434,10 +434,12 @@ def test_an_executor_evicted_or_released_with_work_queued_lives_until_the_work_i
 def test_failed_calls_are_reported_and_leave_the_kept_executors_usable():
     gy, x = case(7, 20, seed=14)
     gy2, x2 = case(7, 20, seed=15)
+    gy3, x3 = case(7, 20, seed=17)
     with acl_swiglu.Stream() as stream, acl_swiglu.to_device(gy) as d_gy, acl_swiglu.to_device(x) as d_x, \
             acl_swiglu.to_device(gy2) as d_gy2, acl_swiglu.to_device(x2) as d_x2, \
+            acl_swiglu.to_device(gy3) as d_gy3, acl_swiglu.to_device(x3) as d_x3, \
             acl_swiglu.DeviceArray.empty(x.shape, x.dtype) as out:
-        expected, expected2 = want(gy, x), want(gy2, x2)
+        expected, expected2, expected3 = want(gy, x), want(gy2, x2), want(gy3, x3)
         # A new layout's phase 1 fails: nothing is kept, the next call makes it.
         before = emulator.live_counts()["executor"]
         with emulator.inject_faults(f"{PHASE1}:1:161002"):
@@ -446,10 +448,12 @@ def test_failed_calls_are_reported_and_leave_the_kept_executors_usable():
         assert info.value.api == PHASE1 and "injected fault" in info.value.message
         assert emulator.live_counts()["executor"] == before
         assert same_bits(call(d_gy, d_x, out, stream)[0].to_numpy(), expected)
+        assert same_bits(call(d_gy2, d_x2, out, stream)[0].to_numpy(), expected2)   # (the layout's second)
         kept = emulator.live_counts()["executor"]
         for fault, api, arrays, fix in (
                 (f"{PHASE2}:1:507015", PHASE2, (d_gy, d_x), None),
-                ("aclSetInputTensorAddr:2:161002", "aclSetInputTensorAddr", (d_gy2, d_x2), None),
+                # A third argument set: the least recently used executor is bound to it.
+                ("aclSetInputTensorAddr:2:161002", "aclSetInputTensorAddr", (d_gy3, d_x3), None),
                 ("aclrtMalloc:1:207001", "aclrtMalloc", (d_gy2, d_x2), stream.release_workspace),
                 ("aclrtSynchronizeStream:1:507035", "aclrtSynchronizeStream", (d_gy, d_x), None)):
             if fix is not None:
@@ -462,6 +466,7 @@ def test_failed_calls_are_reported_and_leave_the_kept_executors_usable():
             assert emulator.live_counts()["executor"] == kept, fault
             for pair, bits in (((d_gy2, d_x2), expected2), ((d_gy, d_x), expected)):
                 assert same_bits(call(*pair, out, stream)[0].to_numpy(), bits), fault
+        assert same_bits(call(d_gy3, d_x3, out, stream)[0].to_numpy(), expected3)
 
 
 # ---- garbage collection ----
@@ -473,8 +478,9 @@ def test_arrays_dropped_without_close_between_calls():
     gy, x = case(7, 20, seed=16)
     expected = want(gy, x)
     with acl_swiglu.Stream() as stream, acl_swiglu.to_device(gy) as keep_gy, acl_swiglu.to_device(x) as keep_x:
-        with acl_swiglu.DeviceArray.empty(x.shape, x.dtype) as warm:
+        with acl_swiglu.DeviceArray.empty(x.shape, x.dtype) as warm, acl_swiglu.to_device(gy) as other_gy:
             call(keep_gy, keep_x, warm, stream)
+            call(other_gy, keep_x, warm, stream)   # (the layout's kept executors: two)
             stream.synchronize()
         gc.collect()
         before = emulator.live_counts()

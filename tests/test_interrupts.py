@@ -338,7 +338,10 @@ class SetDevice(Operation):
 
 # Every acquiring function of the core, with the operations that run it.
 TARGETS: Dict[str, Tuple[Callable[..., Any], List[Operation]]] = {
-    "runtime.Use.take": (runtime.Use.take, [DeviceCall(), PlanBuild()]),
+    "runtime.Use.take": (runtime.Use.take, [Copies(), PlanBuild()]),
+    "runtime.Use.hold": (runtime.Use.hold, [Copies(), PlanBuild()]),
+    "runtime.Use.hold_also": (runtime.Use.hold_also, [Copies(), DeviceCall(), PlanBuild()]),
+    "runtime.Use.hold_only": (runtime.Use.hold_only, [DeviceCall(), DeviceCall(abi=1)]),
     "runtime.Use.add": (runtime.Use.add, [OneShot(), DeviceCall(), PlanBuild()]),
     "runtime._Runtime.adopt": (runtime._Runtime.adopt, [Copies(), PlanBuild()]),
     "runtime._Runtime.bind_thread": (runtime._Runtime.bind_thread, [NewThread()]),
@@ -368,7 +371,7 @@ TARGETS: Dict[str, Tuple[Callable[..., Any], List[Operation]]] = {
     "_operator.Executor.launch": (_operator.Executor.launch, [Phases(), Phases(repeatable=True, explicit=True)]),
     "_operator.Executor._launch_now": (_operator.Executor._launch_now, [Phases()]),
     "_plan.Binding.__init__": (_plan.Binding.__init__, [PlanBuild(), DeviceCall(), PlanCall(abi=1, rebind=True)]),
-    "_plan.Binding.bind": (_plan.Binding.bind, [PlanCall(rebind=True), DeviceCall()]),
+    "_plan.Binding.bind": (_plan.Binding.bind, [PlanCall(rebind=True)]),
     "_plan.Plan.__init__": (_plan.Plan.__init__, [PlanBuild(), PlanBuild(abi=1)]),
     "_plan.Plan.__call__": (_plan.Plan.__call__, [PlanCall(), PlanCall(rebind=True)]),
     "_plan.Plan._call": (_plan.Plan._call, [PlanCall(), PlanCall(rebind=True)]),
@@ -382,7 +385,10 @@ TARGETS: Dict[str, Tuple[Callable[..., Any], List[Operation]]] = {
     "_aclnn._device_layout": (_aclnn._device_layout, [DeviceCall()]),
     "_aclnn.device_call": (_aclnn.device_call, [DeviceCall(), DeviceCall(allocate=True), DeviceCall(abi=1)]),
     "_aclnn._launch_kept": (_aclnn._launch_kept, [DeviceCall(), DeviceCall(abi=1)]),
-    "_aclnn._binding": (_aclnn._binding, [DeviceCall()]),
+    "_aclnn._Kept.__init__": (_aclnn._Kept.__init__, [DeviceCall()]),
+    "_aclnn._bind": (_aclnn._bind, [DeviceCall(), DeviceCall(abi=1)]),
+    "_aclnn._put_back": (_aclnn._put_back, [DeviceCall()]),
+    "_aclnn._take_kept": (_aclnn._take_kept, [DeviceCall()]),
     "_aclnn.workspace_size": (_aclnn.workspace_size, [Phases()]),
     "_arena.arena_layout": (_arena.arena_layout, [OneShot()]),
     "_arena.helper_api": (_arena.helper_api, [OneShot()]),
