@@ -13,8 +13,7 @@ import ctypes
 import math
 import threading
 import weakref
-from collections import OrderedDict
-from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -87,8 +86,8 @@ def release_cached() -> None:
     default_stream().release_workspace()
     for operator in list(_operators):
         with state.lock:
-            kept = [k for idle in operator.bindings.values() for k in idle]
-            operator.bindings.clear()
+            kept = operator.kept[:]
+            del operator.kept[:]
             operator.generation += 1   # (executors out of the pool now are closed when put back)
         for executor in kept:
             executor.close()
@@ -183,7 +182,7 @@ def _held_thread_stream(use: Use) -> Stream:
 
 # ---- device-level calls ----
 
-_BINDINGS_KEPT = 8   # per operator: the repeatable executors device-level calls reuse
+_KEPT_EXECUTORS = 8   # per operator: the idle repeatable executors device-level calls keep
 
 
 class _DeviceLayout(NamedTuple):
@@ -230,11 +229,34 @@ def device_call(operator: Operator, given: Dict[str, Any], stream: Optional[Stre
     not wait.
 
     Phase 1 is made once per layout of the arguments (and device, scalar and host values): its
-    repeatable executor is kept (a few per operator) and rebound to each call's addresses.
-    Validation is reused for the same layout; what depends on contents is checked every call."""
+    repeatable executor is kept (a few per operator) and rebound to each call's addresses. A call
+    with the very arguments of a kept executor's last checked launch is its repeat, as a plan's;
+    others are validated (reused for the same layout) and bound. What depends on contents is
+    checked on every call."""
     signature = operator.signature()
     stream = default_stream() if stream is None else stream_argument(stream)
-    layout = _device_layout(operator, signature, [given.get(name) for name in operator.argument_names])
+    values = [given.get(name) for name in operator.argument_names]
+    kept: Optional[_Kept] = None
+    generation = start = -1
+    try:
+        with state.lock:   # (closes and frees are decided under it: from here on a close fails the call)
+            generation, start = operator.generation, state.epoch
+            kept = _take_repeat(operator.kept, values, signature.abi, stream._life, start)
+        if kept is not None:
+            operator.description.guard(kept.layout.problem, given, signature.revision)
+            _launch(operator, kept, given, stream, start)
+            return kept.outputs(given, signature.output_names)
+    finally:
+        if kept is not None:
+            _put_back(operator, kept, generation)
+    return _bind_and_launch(operator, signature, given, values, stream)
+
+
+def _bind_and_launch(operator: Operator, signature: Signature, given: Dict[str, Any], values: List[Any],
+                     stream: Stream) -> List[Optional[DeviceArray]]:
+    """A device-level call that is no kept executor's repeat: validated, its missing outputs made,
+    an executor of its key bound to it, launched."""
+    layout = _device_layout(operator, signature, values)
     operator.description.guard(layout.problem, given, signature.revision)
     arrays = {name: given[name] for name in layout.given}
     if layout.missing:
@@ -248,7 +270,10 @@ def device_call(operator: Operator, given: Dict[str, Any], stream: Optional[Stre
         hosts = host_lists(operator, signature, given) if signature.host_names else {}
         key = (layout.key or tuple(a._layout_id for a in arrays.values()), current_device(),
                tuple(tuple(v.tolist()) for v in hosts.values()) if hosts else ())
-        _launch_kept(operator, signature, key, layout, arrays, hosts, stream)
+        # A repeat needs the very same arguments again: not so with outputs made here, or host
+        # values (read at phase 1, and a list may change in place).
+        repeat = None if made or hosts else (signature.abi, values)
+        _launch_kept(operator, signature, layout, key, arrays, hosts, stream, repeat)
     except BaseException:
         for array in made:
             array.close()
@@ -257,33 +282,45 @@ def device_call(operator: Operator, given: Dict[str, Any], stream: Optional[Stre
 
 
 class _Kept:
-    """A kept executor of device-level calls, and what its Use holds from one call to the next:
-    the memory of the arrays it is bound to (the arrays themselves only weakly referenced), the
-    stream and the workspace. While it waits in its operator's pool the Use is idle, which holds
-    off no close(): what is closed meanwhile is freed at once, and the epoch has moved, so the
-    next call binds again."""
+    """A kept executor of device-level calls, for one layout, device and host values, and what
+    its Use holds from one call to the next: the memory of the arrays it is bound to, the stream
+    and the workspace. While it waits in its operator's pool the Use is idle, which holds off no
+    close(): what is closed meanwhile is freed at once, and the epoch has moved, so the next call
+    binds again. Of the arguments of its last checked launch it keeps weak references to the
+    arrays and the other values: a call with the very same ones, on the same stream and device
+    with the epoch unmoved since, is its repeat."""
 
-    def __init__(self) -> None:
+    def __init__(self, layout: "_DeviceLayout", key: Tuple[Any, ...]) -> None:
+        self.layout, self.key = layout, key   # (the key: its layout, device and host values)
         self.binding: Optional[Binding] = None   # made by the first call's _bind
         self.use = Use()
-        self.arrays: Tuple["weakref.ReferenceType[DeviceArray]", ...] = ()   # of its last checked launch
-        self.stream: Optional[Life] = None
+        self.arguments: Optional[Tuple[Any, ...]] = None   # (abi, stream, device, arguments) of its last checked launch
         self.checked_at = -1   # the epoch after its last checked launch (-1: bind and check first)
-        self.ready = False     # matched the arrays of the call that took it out of the pool
         self._let_go = weakref.finalize(self, setattr, self.use, "active", False)
 
-    def matches(self, arrays: Dict[str, DeviceArray], stream: Life, epoch: int) -> bool:
-        """Whether it can launch as it stands (``ready``): bound to these very arrays and stream,
-        and nothing closed and no access record changed (the epoch) since its last checked
-        launch."""
-        self.ready = False
-        if self.checked_at != epoch or self.stream is not stream or len(self.arrays) != len(arrays):
+    def remember(self, repeat: Optional[Tuple[int, List[Any]]], stream: Life) -> None:
+        if repeat is not None:
+            abi, values = repeat
+            self.arguments = (abi, stream, self.key[1],
+                              *(weakref.ref(v) if isinstance(v, DeviceArray) else v for v in values))
+
+    def repeats(self, values: List[Any], abi: int, stream: Life, device: int) -> bool:
+        """Whether this call is its repeat (the epoch aside)."""
+        kept = self.arguments
+        if kept is None or kept[0] != abi or kept[1] is not stream or kept[2] != device:
             return False
-        for bound, array in zip(self.arrays, arrays.values()):
-            if bound() is not array:
+        for was, value in zip(kept[3:], values):
+            if type(was) is weakref.ReferenceType:
+                if was() is not value:
+                    return False
+            elif was is not value and (type(was) is not type(value) or was != value):
                 return False
-        self.ready = True
         return True
+
+    def outputs(self, given: Mapping[str, Any], names: Sequence[str]) -> List[Optional[DeviceArray]]:
+        """A repeat's outputs by these names (the ones given, and the layout's placeholders)."""
+        placeholders = self.layout.placeholders
+        return [given.get(name) if given.get(name) is not None else placeholders.get(name) for name in names]
 
     def close(self) -> None:
         self._let_go.detach()
@@ -292,78 +329,84 @@ class _Kept:
             self.binding.close()   # (freed once the calls queued with it are done)
 
 
-def _launch_kept(operator: Operator, signature: Signature, key: Tuple[Any, ...], layout: _DeviceLayout,
-                 arrays: Dict[str, DeviceArray], hosts: Dict[str, np.ndarray], stream: Stream) -> None:
-    """Takes a kept executor of this key out of the operator's pool (or makes one), launches it,
-    and puts it back. Out of the pool an executor is this call's alone: a call that finds none
-    idle (another thread's, or its own from a gc callback, has it) makes its own."""
+def _take_repeat(idle: List[_Kept], values: List[Any], abi: int, stream: Life, epoch: int) -> Optional[_Kept]:
+    """Under state.lock: the idle executor this call repeats, ready to launch as it stands, or
+    None."""
+    device = current_device()
+    for kept in reversed(idle):
+        if kept.checked_at == epoch and kept.repeats(values, abi, stream, device):
+            idle.remove(kept)
+            kept.use.idle = False
+            return kept
+    return None
+
+
+def _launch_kept(operator: Operator, signature: Signature, layout: _DeviceLayout, key: Tuple[Any, ...],
+                 arrays: Dict[str, DeviceArray], hosts: Dict[str, np.ndarray], stream: Stream,
+                 repeat: Optional[Tuple[int, List[Any]]]) -> None:
+    """Takes an executor of this key out of the operator's pool (or makes one), binds it to these
+    arrays, launches it, and puts it back. Out of the pool an executor is this call's alone."""
     kept: Optional[_Kept] = None
-    generation = -1
-    start = -1
+    generation = start = -1
     try:
         with state.lock:   # (closes and frees are decided under it: from here on a close fails the call)
             generation, start = operator.generation, state.epoch
-            kept = _take_kept(operator.bindings, key, arrays, stream._life, start)
+            kept = _take_kept(operator.kept, key)
         if kept is None:
-            kept = _Kept()
-        _launch(operator, signature, kept, arrays, hosts, layout, stream, start)
+            kept = _Kept(layout, key)
+        _bind(operator, signature, kept, arrays, hosts, stream)
+        order_launch([arrays[name] for name in layout.inputs], [arrays[name] for name in layout.outputs], stream._life)
+        _launch(operator, kept, arrays, stream, start, layout)
+        kept.remember(repeat, stream._life)
     finally:
         if kept is not None:
-            _put_back(operator, key, kept, generation)
+            _put_back(operator, kept, generation)
 
 
 _PER_LAYOUT = 2   # idle executors of one key before a call rebinds one instead of making another
 
 
-def _take_kept(pool: "OrderedDict[Tuple[Any, ...], List[_Kept]]", key: Tuple[Any, ...],
-               arrays: Dict[str, DeviceArray], stream: Life, epoch: int) -> Optional[_Kept]:
-    """Under state.lock: the idle executor of this key ready for these arrays; else, when the key
-    has its share idle, the least recently used (to bind again); else None (make one)."""
-    idle = pool.get(key)
-    if not idle:
+def _take_kept(idle: List[_Kept], key: Tuple[Any, ...]) -> Optional[_Kept]:
+    """Under state.lock: when the key has its share of idle executors, the least recently used
+    (to bind again); else None (make one)."""
+    same = [kept for kept in idle if kept.key == key]
+    if len(same) < _PER_LAYOUT:
         return None
-    chosen = next((k for k in idle if k.matches(arrays, stream, epoch)), idle[0] if len(idle) >= _PER_LAYOUT else None)
-    if chosen is not None:
-        idle.remove(chosen)
-        if not idle:
-            del pool[key]
-        chosen.use.idle = False
+    chosen = same[0]
+    idle.remove(chosen)
+    chosen.use.idle = False
     return chosen
 
 
-def _launch(operator: Operator, signature: Signature, kept: _Kept, arrays: Dict[str, DeviceArray],
-            hosts: Dict[str, np.ndarray], layout: _DeviceLayout, stream: Stream, start: int) -> None:
-    """Launches the executor on this call's arrays: at once when it is ready for them (as a plan
-    does), else after binding it, holding them, and ordering the launch after other streams'."""
-    life = stream._life
-    checked = kept.ready
-    kept.ready = False
-    if not checked:
-        _bind(operator, signature, kept, arrays, hosts, layout, stream)
-        inputs = [arrays[name] for name in layout.inputs]
-        outputs = [arrays[name] for name in layout.outputs]
-        order_launch(inputs, outputs, life)
+def _launch(operator: Operator, kept: _Kept, arrays: Mapping[str, Any], stream: Stream, start: int,
+            bound: Optional[_DeviceLayout] = None) -> None:
+    """Queues the executor's phase 2 on the stream. A launch that was bound now (`bound`: its
+    layout) records its accesses; a repeat's are recorded already. A call that overlaps a close
+    of what it uses fails."""
     kept.checked_at = -1
+    kept.arguments = None if bound is not None else kept.arguments
     binding = kept.binding
     assert binding is not None   # (bound)
     result = binding.launch_call(binding.launch_argument, 0)
     if result:
         raise_launch_failure(operator, operator.api(), result)
-    expected = start if checked else record_launch(inputs, outputs, life, start)
+    life = stream._life
+    expected = start if bound is None else record_launch([arrays[name] for name in bound.inputs],
+                                                         [arrays[name] for name in bound.outputs], life, start)
     if state.epoch != expected:   # closed by another thread during the call: it must not succeed
-        check_open(arrays)
+        check_open({name: value for name, value in arrays.items() if isinstance(value, DeviceArray)})
         stream.check_open("stream")
     else:
         kept.checked_at = expected
 
 
 def _bind(operator: Operator, signature: Signature, kept: _Kept, arrays: Dict[str, DeviceArray],
-          hosts: Dict[str, np.ndarray], layout: _DeviceLayout, stream: Stream) -> None:
+          hosts: Dict[str, np.ndarray], stream: Stream) -> None:
     """Holds this call's arrays and stream in the kept executor's Use (letting go of the ones
     before), and points the executor (made now, the first time) at them and at the stream's
     pooled workspace."""
     use, binding, life = kept.use, kept.binding, stream._life
-    kept.arrays, kept.stream = (), None
+    kept.arguments = None
     with state.lock:
         taken = use.hold_only([life, *lives_of(arrays.values()), *([binding._life] if binding else [])], life)
     if not taken:
@@ -371,6 +414,7 @@ def _bind(operator: Operator, signature: Signature, kept: _Kept, arrays: Dict[st
         stream.check_open("stream")
     if binding is None:
         check_open(arrays)   # (also arrays without memory, which hold nothing)
+        layout = kept.layout
         binding = kept.binding = Binding(operator, signature, arrays, hosts, layout.scalars, views_of(layout.problem))
         use.add(binding._life)
     else:
@@ -378,25 +422,17 @@ def _bind(operator: Operator, signature: Signature, kept: _Kept, arrays: Dict[st
     size = binding.workspace_size
     binding.launch.workspace = stream.take_workspace(size, use) if size else None
     binding.launch.stream = stream._address.value
-    kept.arrays, kept.stream = tuple(weakref.ref(array) for array in arrays.values()), life
 
 
-def _put_back(operator: Operator, key: Tuple[Any, ...], kept: _Kept, generation: int) -> None:
+def _put_back(operator: Operator, kept: _Kept, generation: int) -> None:
     """Returns an executor to the pool, idle (the oldest idle one goes when the pool is full); one
     made before a release_cached() is closed instead."""
     with state.lock:
         spare: Optional[_Kept] = kept
         if generation == operator.generation and kept.binding is not None and not kept.binding.closed:
             kept.use.idle = True
-            pool = operator.bindings
-            pool.setdefault(key, []).append(kept)
-            pool.move_to_end(key)
-            spare = None
-            if sum(map(len, pool.values())) > _BINDINGS_KEPT:
-                oldest = next(iter(pool))
-                spare = pool[oldest].pop(0)
-                if not pool[oldest]:
-                    del pool[oldest]
+            operator.kept.append(kept)
+            spare = operator.kept.pop(0) if len(operator.kept) > _KEPT_EXECUTORS else None
     if spare is not None:
         spare.close()
     elif state.due or state.collected:

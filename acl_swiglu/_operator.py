@@ -179,7 +179,7 @@ class Operator:
         self.argument_names = tuple(names)
         self._signatures = {abi: Signature(self, revision) for abi, revision in description.revisions.items()}
         self._problems: Dict[Tuple[Any, ...], Any] = {}
-        self.bindings: "OrderedDict[Tuple[Any, ...], Any]" = OrderedDict()   # device-level calls' idle executors
+        self.kept: List[Any] = []   # device-level calls' idle executors, the least recently used first
         self.generation = 0   # moves at release_cached()
         self.one_shots: Dict[Tuple[Any, ...], Any] = {}   # one-shot calls' layouts
         self.device_layouts: Dict[Tuple[Any, ...], Any] = {}   # device-level calls' layouts

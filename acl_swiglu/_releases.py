@@ -266,7 +266,16 @@ def host_trunc(group_index: GroupCounts, tokens: int) -> int:
 def guard_active() -> bool:
     """Whether the loaded CANN's release is one that a group_index can hang: then calls check
     the counts' values every time."""
-    return is_affected(_installed_release)
+    global _affected
+    version, affected = _affected
+    if version is not _installed_release:   # (normalising the text costs more than a call may)
+        version = _installed_release
+        affected = is_affected(version)
+        _affected = (version, affected)
+    return affected
+
+
+_affected: Tuple[Optional[str], bool] = (None, False)   # guard_active()'s last answer, and for which version
 
 
 def quant_counts_overread() -> Optional[str]:

@@ -61,10 +61,10 @@ def test_the_kept_executors_are_bounded():
                 grad_x, _ = acl_swiglu.swiglu_group_quant_grad_device(d_gy, d_x, stream=stream)
                 with grad_x:
                     assert same_bits(grad_x.to_numpy(), want(gy, x, None))
-            assert sum(map(len, OPERATOR.bindings.values())) <= _aclnn._BINDINGS_KEPT
-            assert emulator.live_counts()["executor"] <= _aclnn._BINDINGS_KEPT
-    assert sum(map(len, OPERATOR.bindings.values())) == _aclnn._BINDINGS_KEPT
-    assert idle_counts() == before and not OPERATOR.bindings
+            assert len(OPERATOR.kept) <= _aclnn._KEPT_EXECUTORS
+            assert emulator.live_counts()["executor"] <= _aclnn._KEPT_EXECUTORS
+    assert len(OPERATOR.kept) == _aclnn._KEPT_EXECUTORS
+    assert idle_counts() == before and not OPERATOR.kept
 
 
 def _launch_then(plan, action):
@@ -115,7 +115,7 @@ def test_release_cached_during_a_device_level_launch():
     with acl_swiglu.Stream() as stream, acl_swiglu.to_device(gy) as d_gy, acl_swiglu.to_device(x) as d_x, \
             acl_swiglu.DeviceArray.empty(x.shape, np.float32) as out:
         acl_swiglu.swiglu_group_quant_grad_device(d_gy, d_x, grad_x=out, stream=stream)
-        (binding,) = [k.binding for idle in OPERATOR.bindings.values() for k in idle if k.binding.addresses.get("grad_x") == out.ptr]
+        (binding,) = [k.binding for k in OPERATOR.kept if k.binding.addresses.get("grad_x") == out.ptr]
         real = binding.launch_call
 
         def launch(argument, synchronize):
@@ -125,7 +125,7 @@ def test_release_cached_during_a_device_level_launch():
 
         binding.launch_call = launch
         acl_swiglu.swiglu_group_quant_grad_device(d_gy, d_x, grad_x=out, stream=stream)
-        assert binding.closed and not OPERATOR.bindings
+        assert binding.closed and not OPERATOR.kept
         assert same_bits(out.to_numpy(), want(gy, x, None))
     assert idle_counts()["executor"] == 0
 

@@ -389,6 +389,8 @@ TARGETS: Dict[str, Tuple[Callable[..., Any], List[Operation]]] = {
     "_aclnn._bind": (_aclnn._bind, [DeviceCall(), DeviceCall(abi=1)]),
     "_aclnn._put_back": (_aclnn._put_back, [DeviceCall()]),
     "_aclnn._take_kept": (_aclnn._take_kept, [DeviceCall()]),
+    "_aclnn._take_repeat": (_aclnn._take_repeat, [DeviceCall()]),
+    "_aclnn._bind_and_launch": (_aclnn._bind_and_launch, [DeviceCall(), DeviceCall(allocate=True), DeviceCall(abi=1)]),
     "_aclnn.workspace_size": (_aclnn.workspace_size, [Phases()]),
     "_arena.arena_layout": (_arena.arena_layout, [OneShot()]),
     "_arena.helper_api": (_arena.helper_api, [OneShot()]),
