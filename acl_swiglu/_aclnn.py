@@ -235,7 +235,7 @@ def device_call(operator: Operator, given: Dict[str, Any], stream: Optional[Stre
     checked on every call."""
     signature = operator.signature()
     stream = default_stream() if stream is None else stream_argument(stream)
-    values = [given.get(name) for name in operator.argument_names]
+    values = list(map(given.get, operator.argument_names))
     kept: Optional[_Kept] = None
     generation = start = -1
     try:
@@ -384,7 +384,6 @@ def _launch(operator: Operator, kept: _Kept, arrays: Mapping[str, Any], stream: 
     layout) records its accesses; a repeat's are recorded already. A call that overlaps a close
     of what it uses fails."""
     kept.checked_at = -1
-    kept.arguments = None if bound is not None else kept.arguments
     binding = kept.binding
     assert binding is not None   # (bound)
     result = binding.launch_call(binding.launch_argument, 0)

@@ -22,7 +22,8 @@ from . import _ffi
 from ._checks import ADDRESS_MAX, INT64_MAX, whole_number
 from ._dtypes import allowed_dtype_text, as_dtype, dtype_name, is_device_dtype
 from .errors import ArgumentError, HandleClosedError
-from .runtime import Destroy, Life, Owned, Use, current_device, free_collected, in_forked_child, runtime_api, state
+from .runtime import (Destroy, Life, Owned, Use, current_device, free_collected, in_forked_child, release_due,
+                      runtime_api, state)
 
 ACL_MEM_MALLOC_HUGE_FIRST = 0
 MEMCPY_HOST_TO_DEVICE = 1
@@ -85,15 +86,22 @@ class StreamLife(Life):
 
     def wait(self) -> None:
         api = runtime_api()   # (first: in a forked child it refuses, before any lock is taken)
-        use = Use()
-        try:
-            with state.lock:
-                if self.owned and (self.freeing or self.handle is None):
-                    return   # destroyed (or being destroyed): destroying waits for the work
-                use.hold_also(self)   # a destroy now waits for this wait
+        if not self.owned:   # (the package never destroys a borrowed stream: nothing to hold)
             status = api.hot.aclrtSynchronizeStream(self.address)
-        finally:
-            use.let_go()
+        else:
+            waiting = Use()   # (holds this life alone: not listed in its lives, let go here)
+            try:
+                with state.lock:
+                    if self.freeing or self.handle is None:
+                        return   # destroyed (or being destroyed): destroying waits for the work
+                    self.holders.add(waiting)   # a destroy now waits for this wait
+                status = api.hot.aclrtSynchronizeStream(self.address)
+            finally:
+                waiting.active = False
+                with state.lock:
+                    self.holders.discard(waiting)
+                if state.due or state.collected:
+                    release_due()
         if status:
             _ffi.raise_status(status, "aclrtSynchronizeStream", api.get_message)
 

@@ -340,7 +340,7 @@ class SetDevice(Operation):
 TARGETS: Dict[str, Tuple[Callable[..., Any], List[Operation]]] = {
     "runtime.Use.take": (runtime.Use.take, [Copies(), PlanBuild()]),
     "runtime.Use.hold": (runtime.Use.hold, [Copies(), PlanBuild()]),
-    "runtime.Use.hold_also": (runtime.Use.hold_also, [Copies(), DeviceCall(), PlanBuild()]),
+    "runtime.Use.hold_also": (runtime.Use.hold_also, [DeviceCall(), PlanBuild()]),
     "runtime.Use.hold_only": (runtime.Use.hold_only, [DeviceCall(), DeviceCall(abi=1)]),
     "runtime.Use.add": (runtime.Use.add, [OneShot(), DeviceCall(), PlanBuild()]),
     "runtime._Runtime.adopt": (runtime._Runtime.adopt, [Copies(), PlanBuild()]),
