@@ -13,7 +13,7 @@ import ctypes
 import math
 import threading
 import weakref
-from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -199,6 +199,7 @@ class _DeviceLayout(NamedTuple):
     # Outputs of no elements not given (placeholders an operator requires): one each, with no
     # memory, shared by every call of the layout.
     placeholders: Mapping[str, DeviceArray]
+    output_names: Tuple[str, ...]   # the operator's outputs, in its order
 
 
 def _device_layout(operator: Operator, signature: Signature, values: List[Any]) -> _DeviceLayout:
@@ -217,13 +218,13 @@ def _device_layout(operator: Operator, signature: Signature, values: List[Any]) 
                              tuple(name for name in given if name not in signature.output_names),
                              tuple(name for name in signature.output_names
                                    if name in problem.outputs and name not in placeholders), key,
-                             tuple(preset_outputs(problem)), placeholders)
+                             tuple(preset_outputs(problem)), placeholders, signature.output_names)
 
     entry: _DeviceLayout = remembered(operator.device_layouts, key, _KEPT, make)
     return entry
 
 
-def device_call(operator: Operator, given: Dict[str, Any], stream: Optional[Stream]) -> List[Optional[DeviceArray]]:
+def device_call(operator: Operator, given: Dict[str, Any], stream: Optional[Stream]) -> Tuple[Optional[DeviceArray], ...]:
     """Both phases on device arrays (`given` by argument name), queued on `stream`; the outputs,
     in the operator's order (made when not given; None for one the call does not compute). Does
     not wait.
@@ -234,7 +235,10 @@ def device_call(operator: Operator, given: Dict[str, Any], stream: Optional[Stre
     others are validated (reused for the same layout) and bound. What depends on contents is
     checked on every call."""
     signature = operator.signature()
-    stream = default_stream() if stream is None else stream_argument(stream)
+    if stream is None:
+        stream = default_stream()
+    elif type(stream) is not Stream or stream._life.closed:
+        stream = stream_argument(stream)   # (a subclass, or the error naming what is wrong)
     values = list(map(given.get, operator.argument_names))
     kept: Optional[_Kept] = None
     generation = start = -1
@@ -245,7 +249,8 @@ def device_call(operator: Operator, given: Dict[str, Any], stream: Optional[Stre
         if kept is not None:
             operator.description.guard(kept.layout.problem, given, signature.revision)
             _launch(operator, kept, given, stream, start)
-            return kept.outputs(given, signature.output_names)
+            outputs = signature.outputs_of(values)
+            return kept.fill(outputs) if kept.layout.placeholders else outputs
     finally:
         if kept is not None:
             _put_back(operator, kept, generation)
@@ -253,7 +258,7 @@ def device_call(operator: Operator, given: Dict[str, Any], stream: Optional[Stre
 
 
 def _bind_and_launch(operator: Operator, signature: Signature, given: Dict[str, Any], values: List[Any],
-                     stream: Stream) -> List[Optional[DeviceArray]]:
+                     stream: Stream) -> Tuple[Optional[DeviceArray], ...]:
     """A device-level call that is no kept executor's repeat: validated, its missing outputs made,
     an executor of its key bound to it, launched."""
     layout = _device_layout(operator, signature, values)
@@ -278,7 +283,7 @@ def _bind_and_launch(operator: Operator, signature: Signature, given: Dict[str, 
         for array in made:
             array.close()
         raise
-    return [arrays.get(name) for name in signature.output_names]
+    return tuple(arrays.get(name) for name in signature.output_names)
 
 
 class _Kept:
@@ -311,16 +316,17 @@ class _Kept:
             return False
         for was, value in zip(kept[3:], values):
             if type(was) is weakref.ReferenceType:
-                if was() is not value:
+                if value is None or was() is not value:   # (a dead reference gives None)
                     return False
             elif was is not value and (type(was) is not type(value) or was != value):
                 return False
         return True
 
-    def outputs(self, given: Mapping[str, Any], names: Sequence[str]) -> List[Optional[DeviceArray]]:
-        """A repeat's outputs by these names (the ones given, and the layout's placeholders)."""
-        placeholders = self.layout.placeholders
-        return [given.get(name) if given.get(name) is not None else placeholders.get(name) for name in names]
+    def fill(self, outputs: Tuple[Optional[DeviceArray], ...]) -> Tuple[Optional[DeviceArray], ...]:
+        """A repeat's outputs (those given, in the operator's order) with the layout's placeholders
+        where none was given."""
+        names, placeholders = self.layout.output_names, self.layout.placeholders
+        return tuple(placeholders.get(name) if array is None else array for name, array in zip(names, outputs))
 
     def close(self) -> None:
         self._let_go.detach()

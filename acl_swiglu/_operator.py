@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+from operator import itemgetter
 import struct
 import weakref
 from collections import OrderedDict
@@ -97,6 +98,10 @@ class Signature:
         self.handle_names = tuple(p.name for p in self.handles)
         self.input_names = tuple(p.name for p in self.handles if p.kind != OUTPUT)
         self.output_names = tuple(p.name for p in self.handles if p.kind == OUTPUT)
+        positions = [operator.argument_names.index(name) for name in self.output_names]
+        # The outputs among a call's argument values (in argument order), as a tuple.
+        self.outputs_of: Callable[[Sequence[Any]], Tuple[Any, ...]] = \
+            itemgetter(*positions) if len(positions) > 1 else lambda values: tuple(values[p] for p in positions)
         self.host_names = tuple(p.name for p in self.handles if p.kind == HOST_INTS)
         self.tensor_names = tuple(p.name for p in self.handles if p.kind != HOST_INTS)
         self.scalar_names = tuple(p.name for p in self.scalar_params)

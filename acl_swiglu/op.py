@@ -115,10 +115,9 @@ def swiglu_group_quant_grad_device(grad_y: DeviceArray, x: DeviceArray, weight: 
     (grad_x, grad_weight), allocated when not given. Does not wait: synchronise the stream, or
     call to_numpy() on an output (which waits for it). Revision 1 takes group_index as host
     ints; revision 2 as an int64 DeviceArray."""
-    computed_x, computed_weight = _aclnn.device_call(
+    return _aclnn.device_call(   # type: ignore[return-value]   # (grad_x is always computed)
         _OP, {"grad_y": grad_y, "x": x, "weight": weight, "y_origin": y_origin, "group_index": group_index,
               "clamp_limit": clamp_limit, "grad_x": grad_x, "grad_weight": grad_weight}, stream)
-    return computed_x, computed_weight   # type: ignore[return-value]   # (grad_x is always computed)
 
 
 def get_workspace_size(grad_y: DeviceArray, x: DeviceArray, weight: Optional[DeviceArray] = None,
