@@ -361,7 +361,7 @@ TARGETS: Dict[str, Tuple[Callable[..., Any], List[Operation]]] = {
     "tensor.AclTensor.__init__": (tensor.AclTensor.__init__, [Phases(), PlanBuild()]),
     "tensor.AclIntArray.__init__": (tensor.AclIntArray.__init__, [PlanBuild(abi=1), DeviceCall(abi=1)]),
     "_operator.Operator.problem": (_operator.Operator.problem, [PlanBuild()]),
-    "_operator.remembered": (_operator.remembered, [PlanBuild(), OneShot(), DeviceCall()]),
+    "_operator.remembered": (_operator.remembered, [PlanBuild(), DeviceCall()]),
     "_operator.Operator.api": (_operator.Operator.api, [OneShot()]),
     "_operator.make_executor": (_operator.make_executor, [Phases(), PlanBuild(), PlanBuild(abi=1)]),
     "_operator.Executor.__init__": (_operator.Executor.__init__, [Phases()]),
