@@ -61,12 +61,13 @@ def thread_stream() -> Stream:
     """This thread's own stream on its current device, for one-shot calls (threads do not wait
     on each other). It and its workspace go when the thread ends, or at release_cached()."""
     free_collected()   # e.g. the streams of threads that ended
-    streams: Optional[Dict[int, Stream]] = getattr(_thread_state, "streams", None)
-    if streams is None:
-        streams = _thread_state.streams = {}
     device = current_device()
+    try:
+        streams: Dict[int, Stream] = _thread_state.streams
+    except AttributeError:
+        streams = _thread_state.streams = {}
     stream = streams.get(device)
-    if stream is None or stream.closed:
+    if stream is None or stream._life.closed:
         stream = Stream()
         with state.lock:
             _thread_streams.add(stream)   # (listed before it is kept: release_cached() sees every kept one)
@@ -105,23 +106,26 @@ def _host_key(abi: int, names: Tuple[str, ...], values: List[Any]) -> Optional[T
     reused. A NumPy array argument that is not a plain ndarray (a subclass, or a proxy) is made
     the plain ndarray over the same memory first, in `values` (read through its own view(): in
     native byte order, a converted copy)."""
-    key: Optional[List[Any]] = [abi]
-    for index, value in enumerate(values):
+    key = _key_of(abi, values)
+    if key is None:
+        for index, value in enumerate(values):
+            if type(value) is not np.ndarray and isinstance(value, np.ndarray):
+                values[index] = plain_array(value, names[index])
+        key = _key_of(abi, values)
+    return key
+
+
+def _key_of(abi: int, values: List[Any]) -> Optional[Tuple[Any, ...]]:
+    key: List[Any] = [abi]
+    for value in values:
         kind = type(value)
         if kind is np.ndarray:
-            pass
-        elif value is None or kind in _SCALAR_KINDS:
-            if key is not None:
-                key.append((kind, value))
-            continue
-        elif isinstance(value, np.ndarray):
-            values[index] = value = plain_array(value, names[index])
-        else:
-            key = None
-            continue
-        if key is not None:
             key.append((value.dtype, value.shape, value.strides))
-    return None if key is None else tuple(key)
+        elif value is None or kind in _SCALAR_KINDS:
+            key.append((kind, value))
+        else:
+            return None
+    return tuple(key)
 
 
 def _one_shot_layout(operator: Operator, signature: Signature, values: List[Any],
@@ -168,7 +172,7 @@ def one_shot(operator: Operator, given: Dict[str, Any]) -> List[Optional[np.ndar
         results = _named_results(signature, layout)
     hosts = [*layout.inputs(values), *results]
     if layout.restage:   # (inputs whose strides the device cannot take: copied to C order)
-        hosts = [np.ascontiguousarray(array) if restage else array for array, restage in zip(hosts, layout.restage)]
+        hosts = [np.ascontiguousarray(a) if restage else a for a, restage in zip(hosts, layout.restage)]
     try:
         addresses = [addressof(from_buffer(array.view(BYTES) if as_bytes else array))
                      for array, as_bytes in zip(hosts, layout.as_bytes)]

@@ -69,8 +69,8 @@ def helper_api(operator: Operator, api: SimpleNamespace) -> HelperApi:
     """The functions the helper calls, from the loaded libraries (once per operator and API)."""
     description = operator.description
     symbols = ("aclrtMalloc", "aclrtFree", "aclrtMemcpy", "aclrtMemset", "aclCreateTensor", "aclDestroyTensor",
-               "aclCreateIntArray", "aclDestroyIntArray", "aclDestroyAclOpExecutor", "aclrtSynchronizeStream", "aclGetRecentErrMsg",
-               description.thunk, description.phase1, description.phase2)
+               "aclCreateIntArray", "aclDestroyIntArray", "aclDestroyAclOpExecutor", "aclrtSynchronizeStream",
+               "aclGetRecentErrMsg", description.thunk, description.phase1, description.phase2)
     table = _Api(*(_ffi.c_address(api, symbol, description.phase1) for symbol in symbols))
     return HelperApi(table, ctypes.byref(table))
 
@@ -168,7 +168,8 @@ def arena_layout(operator: Operator, signature: Signature, values: Sequence[Any]
         slots.append(len(placed_outputs) if name in outputs else -1)
         if name in outputs:
             shape, dtype = tuple(outputs[name][0]), np.dtype(outputs[name][1])
-            place(name, shape, dtype, contiguous_strides(shape), _ARRAY_OUTPUT_PRESET if name in preset else _ARRAY_OUTPUT)
+            kind = _ARRAY_OUTPUT_PRESET if name in preset else _ARRAY_OUTPUT
+            place(name, shape, dtype, contiguous_strides(shape), kind)
             placed_outputs.append((shape, dtype))
     host_positions: List[int] = []
     handles: List[int] = []

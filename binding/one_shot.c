@@ -1,9 +1,9 @@
 /*
  * A one-shot call's device side in one C call: one device allocation (an arena) for every array
- * and the workspace, the copies in, the tensors and int arrays, phase 1 (through the operator's
- * thunk), phase 2, the synchronisation, the copies back, and the release of everything, whatever
- * fails. Nothing it makes outlives the call, so an exception on the Python side (an interrupt)
- * can never find something half-made.
+ * and the workspace, the copies in (and the zeroing of outputs), the tensors and int arrays,
+ * phase 1 (through the operator's thunk), phase 2, the synchronisation, the copies back, and the
+ * release of everything, whatever fails. Nothing it makes outlives the call, so an exception on
+ * the Python side (an interrupt) can never find something half-made.
  */
 #include <string.h>
 
@@ -191,9 +191,8 @@ HELPER_EXPORT const char *acl_swiglu_one_shot_message(void)
 
 /* The whole call. words: the workspace bytes to reserve in the arena, then per array the host
  * address it is copied from (an input) or to (an output), then (values, count) of each host
- * int list. Returns 0 or the
- * first failing status (its message: acl_swiglu_one_shot_message), report = [step, index, the
- * workspace phase 1 asked for, releases that failed]. A release that fails changes nothing
+ * int list. Returns 0 or the first failing status (its message: acl_swiglu_one_shot_message),
+ * report = [step, index, the workspace phase 1 asked for, releases that failed]. A release that fails changes nothing
  * else: its text is dropped, and the call's outcome stands. */
 HELPER_EXPORT int32_t acl_swiglu_one_shot(const one_shot_api *api, const one_shot_layout *layout,
                                           const uint64_t *words, aclrtStream stream, uint64_t *report)
