@@ -157,8 +157,19 @@ def one_shot(operator: Operator, given: Dict[str, Any]) -> List[Optional[np.ndar
     contents is checked on every call."""
     signature = operator.signature()
     names = operator.argument_names
-    values = list(map(given.get, names))
-    key = _host_key(signature.abi, names, values)
+    values: List[Any] = list(map(given.get, names))
+    parts: List[Any] = [signature.abi]
+    for value in values:   # (the layout key of plain arguments: _key_of inline)
+        kind = type(value)
+        if kind is np.ndarray:
+            parts.append((value.dtype, value.shape, value.strides))
+        elif value is None or kind in _SCALAR_KINDS:
+            parts.append((kind, value))
+        else:
+            key = _host_key(signature.abi, names, values)
+            break
+    else:
+        key = tuple(parts)
     layout = operator.one_shots.get(key) if key is not None else None
     if layout is None:
         layout = _one_shot_layout(operator, signature, values, key)
@@ -167,15 +178,17 @@ def one_shot(operator: Operator, given: Dict[str, Any]) -> List[Optional[np.ndar
             values[index] = plain_array(values[index], names[index])
     operator.description.guard(layout.problem, given, signature.revision)
     try:
-        results = [np.empty(shape, dtype) for shape, dtype in layout.outputs]
+        results = list(map(np.empty, layout.shapes, layout.dtypes))
     except MemoryError:
         results = _named_results(signature, layout)
     hosts = [*layout.inputs(values), *results]
     if layout.restage:   # (inputs whose strides the device cannot take: copied to C order)
         hosts = [np.ascontiguousarray(a) if restage else a for a, restage in zip(hosts, layout.restage)]
     try:
-        addresses = [addressof(from_buffer(array.view(BYTES) if as_bytes else array))
-                     for array, as_bytes in zip(hosts, layout.as_bytes)]
+        exported = hosts.copy()
+        for index in layout.as_bytes:
+            exported[index] = exported[index].view(BYTES)
+        addresses = list(map(addressof, map(from_buffer, exported)))
     except (TypeError, ValueError, BufferError):   # (read-only, strided or empty arrays)
         addresses = list(map(host_address, hosts))
     if layout.host_lists:
@@ -191,7 +204,10 @@ def one_shot(operator: Operator, given: Dict[str, Any]) -> List[Optional[np.ndar
     report = _Report()
     use = Use()
     try:
-        stream = _held_thread_stream(use)
+        while True:   # (held: a release_cached() from another thread destroys it only after this call)
+            stream = thread_stream()
+            if use.add(stream._life):
+                break
         status = api.hot.acl_swiglu_one_shot(helper[1].reference, layout.reference, words, stream._address, report)
     finally:
         use.let_go()
@@ -217,15 +233,6 @@ def _named_results(signature: Signature, layout: ArenaLayout) -> List[np.ndarray
             raise HostMemoryError(f"the result {name} has shape {shape}: it needs "
                                   f"{math.prod(shape) * dtype.itemsize} bytes, more than this host can allocate") from None
     return results
-
-
-def _held_thread_stream(use: Use) -> Stream:
-    """The thread's one-shot stream, held by `use`: a release_cached() from another thread then
-    destroys it only after this call."""
-    while True:
-        stream = thread_stream()
-        if use.add(stream._life):
-            return stream
 
 
 # ---- device-level calls ----

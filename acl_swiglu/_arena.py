@@ -98,8 +98,10 @@ class ArenaLayout(NamedTuple):
     converted: Tuple[int, ...]   # the argument positions of arrays in non-native byte order (converted each call)
     inputs: Any                  # the input arrays placed, from the argument values: a tuple
     restage: Optional[Tuple[bool, ...]]   # per array placed: copied to C order first? (None: none is)
-    as_bytes: Tuple[bool, ...]   # per array placed: exported as bytes (a dtype the buffer protocol cannot name)
+    as_bytes: Tuple[int, ...]    # the arrays placed whose dtype the buffer protocol cannot name: exported as bytes
     outputs: Tuple[Tuple[Tuple[int, ...], np.dtype], ...]   # shape, dtype of each output the call computes
+    shapes: Tuple[Tuple[int, ...], ...]   # the same, apart
+    dtypes: Tuple[np.dtype, ...]
     slots: Optional[Tuple[int, ...]]   # per output parameter: its index in `outputs` or -1; None: all, in order
     host_lists: Tuple[int, ...]   # the argument position of each host-ints argument given
     pack: Any                # packs the helper's words: the workspace, an address per array, (address, count) per list
@@ -188,7 +190,8 @@ def arena_layout(operator: Operator, signature: Signature, values: Sequence[Any]
                      len(host_positions), size, scalars)
     return ArenaLayout(problem, ctypes.byref(layout), (layout, table, handle_table, scalars, *keep), converted,
                        _picker(inputs), tuple(restage + [False] * len(placed_outputs)) if any(restage) else None,
-                       tuple(as_bytes), tuple(placed_outputs),
+                       tuple(index for index, flag in enumerate(as_bytes) if flag), tuple(placed_outputs),
+                       tuple(shape for shape, _ in placed_outputs), tuple(dtype for _, dtype in placed_outputs),
                        None if slots == list(range(len(slots))) else tuple(slots), tuple(host_positions),
                        struct.Struct(f"<{1 + len(arrays) + 2 * len(host_positions)}Q").pack, [0])
 

@@ -376,7 +376,6 @@ TARGETS: Dict[str, Tuple[Callable[..., Any], List[Operation]]] = {
     "_plan.Plan._rebind": (_plan.Plan._rebind, [PlanCall(rebind=True), PlanCall(abi=1, rebind=True)]),
     "_plan.Plan._regroup": (_plan.Plan._regroup, [PlanCall(abi=1, rebind=True)]),
     "_aclnn.thread_stream": (_aclnn.thread_stream, [OneShot(), NewThread()]),
-    "_aclnn._held_thread_stream": (_aclnn._held_thread_stream, [OneShot()]),
     "_aclnn.one_shot": (_aclnn.one_shot, [OneShot(), OneShot(abi=1)]),
     "_aclnn._one_shot_layout": (_aclnn._one_shot_layout, [OneShot()]),
     "_aclnn._device_layout": (_aclnn._device_layout, [DeviceCall()]),
