@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 import numpy as np
 
 from . import _ffi
-from ._arena import BYTES, ArenaLayout, HelperApi, arena_layout, helper_api, host_address, raise_failure
+from ._arena import ArenaLayout, HelperApi, arena_layout, helper_api, raise_failure
 from ._device import DeviceArray, Stream, default_stream, lives_of, order_launch, plain_array, record_launch
 from ._operator import (Executor, Operator, OperatorDescription, Signature, check_open, device_arrays, host_lists,
                         layout_key, preset_outputs, remembered, stream_argument, views_of)
@@ -62,9 +62,8 @@ def thread_stream() -> Stream:
     on each other). It and its workspace go when the thread ends, or at release_cached()."""
     free_collected()   # e.g. the streams of threads that ended
     device = current_device()
-    try:
-        streams: Dict[int, Stream] = _thread_state.streams
-    except AttributeError:
+    streams: Optional[Dict[int, Stream]] = getattr(_thread_state, "streams", None)
+    if streams is None:
         streams = _thread_state.streams = {}
     stream = streams.get(device)
     if stream is None or stream._life.closed:
@@ -95,7 +94,10 @@ def release_cached() -> None:
             binding.close()
 
 
-addressof, from_buffer = ctypes.addressof, ctypes.c_char.from_buffer
+# Host arrays are read through NumPy's public interfaces only: the buffer protocol (a dtype it
+# cannot name, such as bfloat16, exported as bytes), or ndarray.ctypes where the protocol cannot
+# export an array writable and contiguous (read-only, strided or empty arrays).
+addressof, from_buffer, BYTES = ctypes.addressof, ctypes.c_char.from_buffer, np.dtype(np.uint8)
 _Report = ctypes.c_uint64 * 4   # the helper's report: [step, index, workspace size, releases that failed]
 _SCALAR_KINDS = (float, int, bool, str)
 
@@ -106,26 +108,21 @@ def _host_key(abi: int, names: Tuple[str, ...], values: List[Any]) -> Optional[T
     reused. A NumPy array argument that is not a plain ndarray (a subclass, or a proxy) is made
     the plain ndarray over the same memory first, in `values` (read through its own view(): in
     native byte order, a converted copy)."""
-    key = _key_of(abi, values)
-    if key is None:
-        for index, value in enumerate(values):
-            if type(value) is not np.ndarray and isinstance(value, np.ndarray):
-                values[index] = plain_array(value, names[index])
-        key = _key_of(abi, values)
-    return key
-
-
-def _key_of(abi: int, values: List[Any]) -> Optional[Tuple[Any, ...]]:
-    key: List[Any] = [abi]
-    for value in values:
+    key: Optional[List[Any]] = [abi]
+    for index, value in enumerate(values):
         kind = type(value)
+        if kind is not np.ndarray and isinstance(value, np.ndarray):
+            values[index] = value = plain_array(value, names[index])
+            kind = np.ndarray
+        if key is None:
+            continue
         if kind is np.ndarray:
             key.append((value.dtype, value.shape, value.strides))
         elif value is None or kind in _SCALAR_KINDS:
             key.append((kind, value))
         else:
-            return None
-    return tuple(key)
+            key = None
+    return None if key is None else tuple(key)
 
 
 def _one_shot_layout(operator: Operator, signature: Signature, values: List[Any],
@@ -158,18 +155,7 @@ def one_shot(operator: Operator, given: Dict[str, Any]) -> List[Optional[np.ndar
     signature = operator.signature()
     names = operator.argument_names
     values: List[Any] = list(map(given.get, names))
-    parts: List[Any] = [signature.abi]
-    for value in values:   # (the layout key of plain arguments: _key_of inline)
-        kind = type(value)
-        if kind is np.ndarray:
-            parts.append((value.dtype, value.shape, value.strides))
-        elif value is None or kind in _SCALAR_KINDS:
-            parts.append((kind, value))
-        else:
-            key = _host_key(signature.abi, names, values)
-            break
-    else:
-        key = tuple(parts)
+    key = _host_key(signature.abi, names, values)
     layout = operator.one_shots.get(key) if key is not None else None
     if layout is None:
         layout = _one_shot_layout(operator, signature, values, key)
@@ -180,8 +166,11 @@ def one_shot(operator: Operator, given: Dict[str, Any]) -> List[Optional[np.ndar
     try:
         results = list(map(np.empty, layout.shapes, layout.dtypes))
     except MemoryError:
-        results = _named_results(signature, layout)
-    hosts = [*layout.inputs(values), *results]
+        size, name, shape = max((math.prod(shape) * dtype.itemsize, name, shape)   # (the largest result)
+                                for name, shape, dtype in zip(layout.names, layout.shapes, layout.dtypes))
+        raise HostMemoryError(f"the result {name} has shape {shape}: it needs {size} bytes, more than this host "
+                              "can allocate") from None
+    hosts = [*map(values.__getitem__, layout.inputs), *results]
     if layout.restage:   # (inputs whose strides the device cannot take: copied to C order)
         hosts = [np.ascontiguousarray(a) if restage else a for a, restage in zip(hosts, layout.restage)]
     try:
@@ -190,12 +179,12 @@ def one_shot(operator: Operator, given: Dict[str, Any]) -> List[Optional[np.ndar
             exported[index] = exported[index].view(BYTES)
         addresses = list(map(addressof, map(from_buffer, exported)))
     except (TypeError, ValueError, BufferError):   # (read-only, strided or empty arrays)
-        addresses = list(map(host_address, hosts))
+        addresses = [int(array.ctypes.data) for array in hosts]
     if layout.host_lists:
         for position in layout.host_lists:
             host_list = operator.description.host_values(names[position], values[position])
             hosts.append(host_list)
-            addresses += (host_address(host_list), host_list.size)
+            addresses += (int(host_list.ctypes.data), host_list.size)
     api = operator.api()
     helper = _helper_apis.get(operator)
     if helper is None or helper[0] is not api:
@@ -218,21 +207,6 @@ def one_shot(operator: Operator, given: Dict[str, Any]) -> List[Optional[np.ndar
     if layout.slots is None:
         return results   # type: ignore[return-value]
     return [None if slot < 0 else results[slot] for slot in layout.slots]
-
-
-def _named_results(signature: Signature, layout: ArenaLayout) -> List[np.ndarray]:
-    """The result arrays, made one by one after making them all at once ran out of host memory:
-    a HostMemoryError names the one this host cannot allocate."""
-    names = [name for index, name in enumerate(signature.output_names)
-             if layout.slots is None or layout.slots[index] >= 0]
-    results = []
-    for name, (shape, dtype) in zip(names, layout.outputs):
-        try:
-            results.append(np.empty(shape, dtype))
-        except MemoryError:
-            raise HostMemoryError(f"the result {name} has shape {shape}: it needs "
-                                  f"{math.prod(shape) * dtype.itemsize} bytes, more than this host can allocate") from None
-    return results
 
 
 # ---- device-level calls ----

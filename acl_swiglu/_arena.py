@@ -2,9 +2,6 @@
 arena, each array 64-byte aligned, then the workspace), computed once per layout of the
 arguments, and the one call into the package's helper (binding/one_shot.c) that makes all of it,
 phase 1 and phase 2 included, and releases everything before it returns.
-
-Host arrays are read through NumPy's public interfaces only: the buffer protocol, or
-``ndarray.ctypes`` where the protocol cannot export them (read-only or strided arrays).
 """
 
 from __future__ import annotations
@@ -13,8 +10,7 @@ import ctypes
 import math
 import struct
 from types import SimpleNamespace
-from operator import itemgetter
-from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -75,20 +71,6 @@ def helper_api(operator: Operator, api: SimpleNamespace) -> HelperApi:
     return HelperApi(table, ctypes.byref(table))
 
 
-BYTES = np.dtype(np.uint8)
-
-
-def host_address(array: np.ndarray) -> int:
-    """The address of a host array's first element, through the buffer protocol (a dtype the
-    protocol cannot name, such as bfloat16, exported as bytes), or ``ndarray.ctypes`` where the
-    protocol cannot export it writable and contiguous (read-only, strided or empty arrays)."""
-    try:
-        exported: Any = array if array.dtype.isbuiltin == 1 else array.view(BYTES)
-        return ctypes.addressof(ctypes.c_char.from_buffer(exported))
-    except (TypeError, ValueError, BufferError):
-        return int(array.ctypes.data)
-
-
 class ArenaLayout(NamedTuple):
     """One layout of a one-shot call's arguments (and scalar values), ready for the helper."""
 
@@ -96,11 +78,11 @@ class ArenaLayout(NamedTuple):
     reference: Any          # a byref of the helper's one_shot_layout, made once
     keep: Tuple[Any, ...]   # what that layout points into
     converted: Tuple[int, ...]   # the argument positions of arrays in non-native byte order (converted each call)
-    inputs: Any                  # the input arrays placed, from the argument values: a tuple
+    inputs: Tuple[int, ...]      # the argument position of each input array placed
     restage: Optional[Tuple[bool, ...]]   # per array placed: copied to C order first? (None: none is)
     as_bytes: Tuple[int, ...]    # the arrays placed whose dtype the buffer protocol cannot name: exported as bytes
-    outputs: Tuple[Tuple[Tuple[int, ...], np.dtype], ...]   # shape, dtype of each output the call computes
-    shapes: Tuple[Tuple[int, ...], ...]   # the same, apart
+    names: Tuple[str, ...]   # of each output the call computes
+    shapes: Tuple[Tuple[int, ...], ...]
     dtypes: Tuple[np.dtype, ...]
     slots: Optional[Tuple[int, ...]]   # per output parameter: its index in `outputs` or -1; None: all, in order
     host_lists: Tuple[int, ...]   # the argument position of each host-ints argument given
@@ -110,13 +92,6 @@ class ArenaLayout(NamedTuple):
 
 def _int64s(values: Sequence[int]) -> "ctypes.Array[ctypes.c_int64]":
     return (ctypes.c_int64 * max(len(values), 1))(*values)
-
-
-def _picker(positions: Sequence[int]) -> Callable[[Sequence[Any]], Tuple[Any, ...]]:
-    """values -> the tuple of the values at these positions."""
-    if len(positions) > 1:
-        return itemgetter(*positions)
-    return lambda values: tuple(values[position] for position in positions)
 
 
 def arena_layout(operator: Operator, signature: Signature, values: Sequence[Any], problem: Any, scalars: bytes,
@@ -189,8 +164,9 @@ def arena_layout(operator: Operator, signature: Signature, values: Sequence[Any]
     layout = _Layout(ctypes.addressof(table), len(arrays), len(handles), ctypes.addressof(handle_table),
                      len(host_positions), size, scalars)
     return ArenaLayout(problem, ctypes.byref(layout), (layout, table, handle_table, scalars, *keep), converted,
-                       _picker(inputs), tuple(restage + [False] * len(placed_outputs)) if any(restage) else None,
-                       tuple(index for index, flag in enumerate(as_bytes) if flag), tuple(placed_outputs),
+                       tuple(inputs), tuple(restage + [False] * len(placed_outputs)) if any(restage) else None,
+                       tuple(index for index, flag in enumerate(as_bytes) if flag),
+                       tuple(name for name, slot in zip(signature.output_names, slots) if slot >= 0),
                        tuple(shape for shape, _ in placed_outputs), tuple(dtype for _, dtype in placed_outputs),
                        None if slots == list(range(len(slots))) else tuple(slots), tuple(host_positions),
                        struct.Struct(f"<{1 + len(arrays) + 2 * len(host_positions)}Q").pack, [0])
