@@ -84,7 +84,7 @@ class ArenaLayout(NamedTuple):
     names: Tuple[str, ...]   # of each output the call computes
     shapes: Tuple[Tuple[int, ...], ...]
     dtypes: Tuple[np.dtype, ...]
-    slots: Optional[Tuple[int, ...]]   # per output parameter: its index in `outputs` or -1; None: all, in order
+    slots: Optional[Tuple[int, ...]]   # per output parameter: its index among the results or -1; None: all, in order
     host_lists: Tuple[int, ...]   # the argument position of each host-ints argument given
     pack: Any                # packs the helper's words: the workspace, an address per array, (address, count) per list
     workspace: List[int]     # the workspace the arena reserves: the most phase 1 asked for
