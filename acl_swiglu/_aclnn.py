@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 import numpy as np
 
 from . import _ffi
-from ._arena import ArenaLayout, arena_layout, helper_api, host_address, raise_failure
+from ._arena import ArenaLayout, HelperApi, arena_layout, helper_api, raise_failure
 from ._device import DeviceArray, Stream, default_stream, lives_of, order_launch, plain_array, record_launch
 from ._operator import (Executor, Operator, OperatorDescription, Signature, check_open, device_arrays, host_lists,
                         layout_key, preset_outputs, remembered, stream_argument, views_of)
@@ -42,7 +42,7 @@ def register(description: OperatorDescription) -> Operator:
 
 _thread_state = threading.local()
 _thread_streams: "weakref.WeakSet[Stream]" = weakref.WeakSet()   # (under state.lock)
-_helper_apis: Dict[Tuple[int, int], Any] = {}
+_helper_apis: Dict[Operator, Tuple[Any, HelperApi]] = {}   # the API they were made from, the helper's table
 _KEPT = 256
 
 
@@ -59,12 +59,12 @@ def thread_stream() -> Stream:
     """This thread's own stream on its current device, for one-shot calls (threads do not wait
     on each other). It and its workspace go when the thread ends, or at release_cached()."""
     free_collected()   # e.g. the streams of threads that ended
+    device = current_device()
     streams: Optional[Dict[int, Stream]] = getattr(_thread_state, "streams", None)
     if streams is None:
         streams = _thread_state.streams = {}
-    device = current_device()
     stream = streams.get(device)
-    if stream is None or stream.closed:
+    if stream is None or stream._life.closed:
         stream = Stream()
         with state.lock:
             _thread_streams.add(stream)   # (listed before it is kept: release_cached() sees every kept one)
@@ -93,91 +93,130 @@ def release_cached() -> None:
             executor.close()
 
 
-def _host_array(name: str, value: Any) -> Any:
-    """A NumPy array argument as the array it stands for: a subclass or a proxy becomes the plain
-    ndarray over the same memory (read through its own view()), and an array in non-native byte
-    order a converted copy."""
-    return plain_array(value, name) if isinstance(value, np.ndarray) else value
+# Host arrays are read through NumPy's public interfaces only: the buffer protocol (a dtype it
+# cannot name, such as bfloat16, exported as bytes), or ndarray.ctypes where the protocol cannot
+# export an array writable and contiguous (read-only, strided or empty arrays).
+addressof, from_buffer, BYTES = ctypes.addressof, ctypes.c_char.from_buffer, np.dtype(np.uint8)
+_Report = ctypes.c_uint64 * 4   # the helper's report: [step, index, workspace size, releases that failed]
+_SCALAR_KINDS = (float, int, bool, str)
 
 
-class _OneShotLayout(NamedTuple):
-    """What a one-shot call of one layout (and scalar values) needs before any data moves."""
+def _host_key(abi: int, names: Tuple[str, ...], values: List[Any]) -> Optional[Tuple[Any, ...]]:
+    """What a one-shot call's layout depends on: types, dtypes, shapes, strides and scalar values,
+    in argument order; None for an argument of another kind (a sequence, say): then nothing is
+    reused. A NumPy array argument that is not a plain ndarray (a subclass, or a proxy) is made
+    the plain ndarray over the same memory first, in `values` (read through its own view(): in
+    native byte order, a converted copy)."""
+    key: Optional[List[Any]] = [abi]
+    for index, value in enumerate(values):
+        kind = type(value)
+        if kind is not np.ndarray and isinstance(value, np.ndarray):
+            values[index] = value = plain_array(value, names[index])
+            kind = np.ndarray
+        if key is None:
+            continue
+        if kind is np.ndarray:
+            key.append((value.dtype, value.shape, value.strides))
+        elif value is None or kind in _SCALAR_KINDS:
+            key.append((kind, value))
+        else:
+            key = None
+    return None if key is None else tuple(key)
 
-    problem: Any
-    scalars: bytes
-    arena: ArenaLayout
+
+def _one_shot_layout(operator: Operator, signature: Signature, values: List[Any],
+                     key: Optional[Tuple[Any, ...]]) -> ArenaLayout:
+    """Validates a layout of arguments and places its arena (kept by `key`, unless None). An
+    array in non-native byte order is converted in `values`, here and on each call of the layout."""
+    names = operator.argument_names
+    converted = tuple(index for index, value in enumerate(values)
+                      if type(value) is np.ndarray and not value.dtype.isnative)
+    for index in converted:
+        values[index] = plain_array(values[index], names[index])
+    description = operator.description
+    problem = description.validate(dict(zip(names, values)), signature.revision, False)
+    layout = arena_layout(operator, signature, values, problem,
+                          signature.pack_scalars(description.scalars(problem, signature.revision)), converted,
+                          problem.outputs, views_of(problem), preset_outputs(problem))
+    if key is not None:
+        with state.lock:
+            if len(operator.one_shots) >= _KEPT:
+                operator.one_shots.clear()
+            operator.one_shots[key] = layout
+    return layout
 
 
-def _one_shot_layout(operator: Operator, signature: Signature, values: List[Any]) -> _OneShotLayout:
-    def make() -> _OneShotLayout:
-        description = operator.description
-        problem = description.validate(dict(zip(operator.argument_names, values)), signature.revision, False)
-        return _OneShotLayout(problem, signature.pack_scalars(description.scalars(problem, signature.revision)),
-                              arena_layout(operator, signature, values, problem.outputs, views_of(problem),
-                                           preset_outputs(problem)))
-
-    entry: _OneShotLayout = remembered(operator.one_shots, layout_key(signature.abi, values), _KEPT, make)
-    return entry
-
-
-def one_shot(operator: Operator, given: Dict[str, Any]) -> Dict[str, np.ndarray]:
+def one_shot(operator: Operator, given: Dict[str, Any]) -> List[Optional[np.ndarray]]:
     """Both phases on NumPy arrays (`given` by argument name): copies to the device, runs, copies
-    back; the outputs the call computes, as fresh host arrays by name. Validation and the arena
-    are made once per layout; what depends on the arrays' contents is checked on every call."""
+    back; the outputs, as fresh host arrays in the operator's order (None for one the call does
+    not compute). Validation and the arena are made once per layout; what depends on the arrays'
+    contents is checked on every call."""
     signature = operator.signature()
     names = operator.argument_names
-    values = [given.get(name) for name in names]
-    for index, value in enumerate(values):
-        if value is not None and (type(value) is not np.ndarray or not value.dtype.isnative):
-            values[index] = _host_array(names[index], value)
-    layout = _one_shot_layout(operator, signature, values)
-    description = operator.description
-    description.guard(layout.problem, given, signature.revision)
-    arena = layout.arena
-    results = []
-    for name, shape, dtype, preset in arena.outputs:
-        try:
-            results.append(np.zeros(shape, dtype) if preset else np.empty(shape, dtype))
-        except MemoryError:
-            raise HostMemoryError(f"the result {name} has shape {shape}: it needs "
-                                  f"{math.prod(shape) * dtype.itemsize} bytes, more than this host can allocate") from None
-    arrays: List[np.ndarray] = values   # type: ignore[assignment]   # (where the arena places an input: an array)
-    hosts = [np.ascontiguousarray(arrays[position]) if restage else arrays[position]
-             for position, restage in arena.inputs]
-    addresses = arena.addresses.pack(*map(host_address, hosts), *map(host_address, results))
-    lists = [description.host_values(operator.argument_names[p], values[p]) for p in arena.host_lists]
+    values: List[Any] = list(map(given.get, names))
+    parts: List[Any] = [signature.abi]
+    for value in values:   # (_host_key's common case inline: plain arrays, scalars and None)
+        kind = type(value)
+        if kind is np.ndarray:
+            parts.append((value.dtype, value.shape, value.strides))
+        elif value is None or kind in _SCALAR_KINDS:
+            parts.append((kind, value))
+        else:
+            key = _host_key(signature.abi, names, values)
+            break
+    else:
+        key = tuple(parts)
+    layout = operator.one_shots.get(key) if key is not None else None
+    if layout is None:
+        layout = _one_shot_layout(operator, signature, values, key)
+    else:
+        for index in layout.converted:
+            values[index] = plain_array(values[index], names[index])
+    operator.description.guard(layout.problem, given, signature.revision)
+    try:
+        results = list(map(np.empty, layout.shapes, layout.dtypes))
+    except MemoryError:
+        size, name, shape = max((math.prod(shape) * dtype.itemsize, name, shape)   # (the largest result)
+                                for name, shape, dtype in zip(layout.names, layout.shapes, layout.dtypes))
+        raise HostMemoryError(f"the result {name} has shape {shape}: it needs {size} bytes, more than this host "
+                              "can allocate") from None
+    hosts = [*map(values.__getitem__, layout.inputs), *results]
+    if layout.restage:   # (inputs whose strides the device cannot take: copied to C order)
+        hosts = [np.ascontiguousarray(a) if restage else a for a, restage in zip(hosts, layout.restage)]
+    try:
+        exported = hosts.copy()
+        for index in layout.as_bytes:
+            exported[index] = exported[index].view(BYTES)
+        addresses = list(map(addressof, map(from_buffer, exported)))
+    except (TypeError, ValueError, BufferError):   # (read-only, strided or empty arrays)
+        addresses = [int(array.ctypes.data) for array in hosts]
+    if layout.host_lists:
+        for position in layout.host_lists:
+            host_list = operator.description.host_values(names[position], values[position])
+            hosts.append(host_list)
+            addresses += (int(host_list.ctypes.data), host_list.size)
     api = operator.api()
-    functions = _helper_apis.get((id(api), id(operator)))
-    if functions is None:
-        functions = _helper_apis[(id(api), id(operator))] = (api, helper_api(operator, api))
-    report = (ctypes.c_uint64 * 4)()
+    helper = _helper_apis.get(operator)
+    if helper is None or helper[0] is not api:
+        helper = _helper_apis[operator] = (api, helper_api(operator, api))
+    words = layout.pack(layout.workspace[0], *addresses)
+    report = _Report()
     use = Use()
     try:
-        stream = _held_thread_stream(use)
-        status = api.hot.acl_swiglu_one_shot(functions[1].reference, arena.reference, addresses,
-                                             b"".join(map(_host_list, lists)) if lists else None, layout.scalars,
-                                             ctypes.c_uint64(arena.workspace[0]), stream._address, report)
+        while True:   # (held: a release_cached() from another thread destroys it only after this call)
+            stream = thread_stream()
+            if use.add(stream._life):
+                break
+        status = api.hot.acl_swiglu_one_shot(helper[1].reference, layout.reference, words, stream._address, report)
     finally:
         use.let_go()
-    if report[2] > arena.workspace[0]:
-        arena.workspace[0] = report[2]   # (the next call's arena holds it)
+    if report[2] > layout.workspace[0]:
+        layout.workspace[0] = report[2]   # (the next call's arena holds it)
     if status:
         raise_failure(operator, api, status, report[0])
-    return dict(zip(arena.names, results))
-
-
-def _host_list(values: np.ndarray) -> bytes:
-    """(address, count) of an int64 array, as the helper reads a host list."""
-    return int(values.ctypes.data).to_bytes(8, "little") + int(values.size).to_bytes(8, "little")
-
-
-def _held_thread_stream(use: Use) -> Stream:
-    """The thread's one-shot stream, held by `use`: a release_cached() from another thread then
-    destroys it only after this call."""
-    while True:
-        stream = thread_stream()
-        if use.add(stream._life):
-            return stream
+    if layout.slots is None:
+        return results   # type: ignore[return-value]
+    return [None if slot < 0 else results[slot] for slot in layout.slots]
 
 
 # ---- device-level calls ----

@@ -2,9 +2,6 @@
 arena, each array 64-byte aligned, then the workspace), computed once per layout of the
 arguments, and the one call into the package's helper (binding/one_shot.c) that makes all of it,
 phase 1 and phase 2 included, and releases everything before it returns.
-
-Host arrays are read through NumPy's public interfaces only: the buffer protocol, or
-``ndarray.ctypes`` where the protocol cannot export them (read-only or strided arrays).
 """
 
 from __future__ import annotations
@@ -13,7 +10,7 @@ import ctypes
 import math
 import struct
 from types import SimpleNamespace
-from typing import Any, Dict, List, Mapping, NamedTuple, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -31,7 +28,7 @@ _ARRAY_INPUT, _ARRAY_OUTPUT, _ARRAY_OUTPUT_PRESET = 0, 1, 2   # one_shot_array.i
 # named by the caller, with the operator's argument names).
 STEP_PHASE1, STEP_LAUNCH = 5, 7
 _STEP_APIS = {1: "aclrtMalloc", 2: "aclrtMemcpy", 3: "aclCreateTensor", 4: "aclCreateIntArray", 6: "aclrtMalloc",
-              8: "aclrtSynchronizeStream", 9: "aclrtMemcpy", 10: "acl_swiglu_one_shot"}
+              8: "aclrtSynchronizeStream", 9: "aclrtMemcpy", 10: "acl_swiglu_one_shot", 11: "aclrtMemset"}
 _MADE_NULL = (3, 4)   # constructors that returned NULL: their message holds the code
 
 
@@ -39,7 +36,7 @@ class _Api(ctypes.Structure):
     """binding/one_shot.c's one_shot_api."""
 
     _fields_ = [(name, ctypes.c_void_p) for name in (
-        "malloc", "free", "copy", "create_tensor", "destroy_tensor", "create_int_array", "destroy_int_array",
+        "malloc", "free", "copy", "zero", "create_tensor", "destroy_tensor", "create_int_array", "destroy_int_array",
         "destroy_executor", "synchronize", "get_message", "thunk", "phase1", "phase2")]
 
 
@@ -55,7 +52,8 @@ class _Layout(ctypes.Structure):
     """binding/one_shot.c's one_shot_layout."""
 
     _fields_ = [("arrays", ctypes.c_void_p), ("array_count", ctypes.c_uint32), ("handle_count", ctypes.c_uint32),
-                ("handles", ctypes.c_void_p), ("host_list_count", ctypes.c_uint32), ("arena_bytes", ctypes.c_uint64)]
+                ("handles", ctypes.c_void_p), ("host_list_count", ctypes.c_uint32), ("arena_bytes", ctypes.c_uint64),
+                ("scalars", ctypes.c_char_p)]
 
 
 class HelperApi(NamedTuple):
@@ -66,56 +64,49 @@ class HelperApi(NamedTuple):
 def helper_api(operator: Operator, api: SimpleNamespace) -> HelperApi:
     """The functions the helper calls, from the loaded libraries (once per operator and API)."""
     description = operator.description
-    symbols = ("aclrtMalloc", "aclrtFree", "aclrtMemcpy", "aclCreateTensor", "aclDestroyTensor", "aclCreateIntArray",
-               "aclDestroyIntArray", "aclDestroyAclOpExecutor", "aclrtSynchronizeStream", "aclGetRecentErrMsg",
-               description.thunk, description.phase1, description.phase2)
+    symbols = ("aclrtMalloc", "aclrtFree", "aclrtMemcpy", "aclrtMemset", "aclCreateTensor", "aclDestroyTensor",
+               "aclCreateIntArray", "aclDestroyIntArray", "aclDestroyAclOpExecutor", "aclrtSynchronizeStream",
+               "aclGetRecentErrMsg", description.thunk, description.phase1, description.phase2)
     table = _Api(*(_ffi.c_address(api, symbol, description.phase1) for symbol in symbols))
     return HelperApi(table, ctypes.byref(table))
 
 
-_BYTES = np.dtype(np.uint8)
-
-
-def host_address(array: np.ndarray) -> int:
-    """The address of a host array's first element, through the buffer protocol (a dtype the
-    protocol cannot name, such as bfloat16, exported as bytes), or ``ndarray.ctypes`` where the
-    protocol cannot export it writable and contiguous (read-only, strided or empty arrays)."""
-    try:
-        exported: Any = array if array.dtype.isbuiltin == 1 else array.view(_BYTES)
-        return ctypes.addressof(ctypes.c_char.from_buffer(exported))
-    except (TypeError, ValueError, BufferError):
-        return int(array.ctypes.data)
-
-
 class ArenaLayout(NamedTuple):
-    """One layout of a one-shot call's arguments, ready for the helper."""
+    """One layout of a one-shot call's arguments (and scalar values), ready for the helper."""
 
-    layout: _Layout
-    reference: Any          # a byref of it, made once
-    keep: Tuple[Any, ...]   # the C arrays the layout points into
-    inputs: Tuple[Tuple[int, bool], ...]   # per input array: its argument position, copy in C order first?
-    outputs: Tuple[Tuple[str, Tuple[int, ...], np.dtype, bool], ...]   # name, shape, dtype, preset (zeroed)
-    names: Tuple[str, ...]       # the outputs' names
+    problem: Any            # the validation's result
+    reference: Any          # a byref of the helper's one_shot_layout, made once
+    keep: Tuple[Any, ...]   # what that layout points into
+    converted: Tuple[int, ...]   # the argument positions of arrays in non-native byte order (converted each call)
+    inputs: Tuple[int, ...]      # the argument position of each input array placed
+    restage: Optional[Tuple[bool, ...]]   # per array placed: copied to C order first? (None: none is)
+    as_bytes: Tuple[int, ...]    # the arrays placed whose dtype the buffer protocol cannot name: exported as bytes
+    names: Tuple[str, ...]   # of each output the call computes
+    shapes: Tuple[Tuple[int, ...], ...]
+    dtypes: Tuple[np.dtype, ...]
+    slots: Optional[Tuple[int, ...]]   # per output parameter: its index among the results or -1; None: all, in order
     host_lists: Tuple[int, ...]   # the argument position of each host-ints argument given
-    addresses: struct.Struct     # one uint64 per array
-    workspace: List[int]         # the workspace the arena reserves: the most phase 1 asked for
+    pack: Any                # packs the helper's words: the workspace, an address per array, (address, count) per list
+    workspace: List[int]     # the workspace the arena reserves: the most phase 1 asked for
 
 
 def _int64s(values: Sequence[int]) -> "ctypes.Array[ctypes.c_int64]":
     return (ctypes.c_int64 * max(len(values), 1))(*values)
 
 
-def arena_layout(operator: Operator, signature: Signature, values: Sequence[Any],
-                 outputs: Dict[str, Tuple[Tuple[int, ...], np.dtype]], views: Mapping[str, TensorView],
-                 preset: Sequence[str] = ()) -> ArenaLayout:
+def arena_layout(operator: Operator, signature: Signature, values: Sequence[Any], problem: Any, scalars: bytes,
+                 converted: Tuple[int, ...], outputs: Dict[str, Tuple[Tuple[int, ...], np.dtype]],
+                 views: Mapping[str, TensorView], preset: Sequence[str] = ()) -> ArenaLayout:
     """Places the given input arrays, then the outputs the call computes (each seen through its
-    view, if it has one); the `preset` outputs are copied in from their (zeroed) host arrays
-    first, since the operator may leave parts of them unwritten."""
+    view, if it has one); the helper zeroes the `preset` outputs on the device first, since the
+    operator may leave parts of them unwritten."""
     names = operator.argument_names
     arrays: List[_Array] = []
     keep: List[Any] = []
     index_of: Dict[str, int] = {}
-    inputs: List[Tuple[int, bool]] = []
+    inputs: List[int] = []
+    restage: List[bool] = []
+    as_bytes: List[bool] = []
     size = 0
 
     def place(name: str, shape: Tuple[int, ...], dtype: np.dtype, strides: Tuple[int, ...], is_output: int) -> None:
@@ -133,6 +124,8 @@ def arena_layout(operator: Operator, signature: Signature, values: Sequence[Any]
         keep.extend((dims, steps))
         arrays.append(_Array(ctypes.addressof(dims), ctypes.addressof(steps), len(shape), span * per_item, offset,
                              nbytes, acl_dtype(dtype) if view is None else view.dtype, is_output))
+        index_of[name] = len(arrays) - 1
+        as_bytes.append(dtype.isbuiltin != 1)
 
     for param in signature.handles:
         if param.kind == OUTPUT or param.kind == HOST_INTS:
@@ -142,19 +135,19 @@ def arena_layout(operator: Operator, signature: Signature, values: Sequence[Any]
         if array is None:
             continue
         strides = host_element_strides(array) if array.size else contiguous_strides(array.shape)
-        restage = strides is None
+        restage.append(strides is None)
         place(param.name, array.shape, array.dtype, contiguous_strides(array.shape) if strides is None else strides,
               _ARRAY_INPUT)
-        index_of[param.name] = len(arrays) - 1
-        inputs.append((position, restage))
-    placed_outputs = []
+        inputs.append(position)
+    placed_outputs: List[Tuple[Tuple[int, ...], np.dtype]] = []
+    slots: List[int] = []
     for name in signature.output_names:
+        slots.append(len(placed_outputs) if name in outputs else -1)
         if name in outputs:
-            shape, dtype = outputs[name]
-            place(name, tuple(shape), np.dtype(dtype), contiguous_strides(shape),
-                  _ARRAY_OUTPUT_PRESET if name in preset else _ARRAY_OUTPUT)
-            index_of[name] = len(arrays) - 1
-            placed_outputs.append((name, tuple(shape), np.dtype(dtype), name in preset))
+            shape, dtype = tuple(outputs[name][0]), np.dtype(outputs[name][1])
+            kind = _ARRAY_OUTPUT_PRESET if name in preset else _ARRAY_OUTPUT
+            place(name, shape, dtype, contiguous_strides(shape), kind)
+            placed_outputs.append((shape, dtype))
     host_positions: List[int] = []
     handles: List[int] = []
     for param in signature.handles:
@@ -169,10 +162,14 @@ def arena_layout(operator: Operator, signature: Signature, values: Sequence[Any]
     table = (_Array * max(len(arrays), 1))(*arrays)
     handle_table = (ctypes.c_int32 * max(len(handles), 1))(*handles)
     layout = _Layout(ctypes.addressof(table), len(arrays), len(handles), ctypes.addressof(handle_table),
-                     len(host_positions), size)
-    return ArenaLayout(layout, ctypes.byref(layout), (table, handle_table, *keep), tuple(inputs),
-                       tuple(placed_outputs), tuple(name for name, _, _, _ in placed_outputs), tuple(host_positions),
-                       struct.Struct(f"<{len(arrays)}Q"), [0])
+                     len(host_positions), size, scalars)
+    return ArenaLayout(problem, ctypes.byref(layout), (layout, table, handle_table, scalars, *keep), converted,
+                       tuple(inputs), tuple(restage + [False] * len(placed_outputs)) if any(restage) else None,
+                       tuple(index for index, flag in enumerate(as_bytes) if flag),
+                       tuple(name for name, slot in zip(signature.output_names, slots) if slot >= 0),
+                       tuple(shape for shape, _ in placed_outputs), tuple(dtype for _, dtype in placed_outputs),
+                       None if slots == list(range(len(slots))) else tuple(slots), tuple(host_positions),
+                       struct.Struct(f"<{1 + len(arrays) + 2 * len(host_positions)}Q").pack, [0])
 
 
 def raise_failure(operator: Operator, api: SimpleNamespace, status: int, step: int) -> None:

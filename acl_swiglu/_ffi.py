@@ -109,8 +109,8 @@ DECLARATIONS = (
 # call's whole device side. Each operator's phase-1 thunk is a helper row of its own description.
 HELPER_DECLARATIONS = (
     D("helper", "acl_swiglu_launch", c_int64, (c_void_p, c_int32), PLAIN, fast=True),
-    D("helper", "acl_swiglu_one_shot", c_int32,
-      (c_void_p, c_void_p, c_char_p, c_char_p, c_char_p, c_uint64, c_void_p, POINTER(c_uint64)), PLAIN, fast=True),
+    D("helper", "acl_swiglu_one_shot", c_int32, (c_void_p, c_void_p, c_char_p, c_void_p, POINTER(c_uint64)), PLAIN,
+      fast=True),
     D("helper", "acl_swiglu_one_shot_message", c_char_p, (), PLAIN, fast=True),
 )
 

@@ -93,7 +93,7 @@ def swiglu_group_quant(x: np.ndarray, weight: Optional[np.ndarray] = None, group
     """
     out = _aclnn.one_shot(_OP, _arguments(x, weight, group_index, scale, dst_type, quant_mode, block_size,
                                           round_scale, clamp_limit, dst_type_max, output_origin))
-    return _results(out, output_origin)
+    return _results(dict(zip(("y", "y_scale", "y_origin"), out)), output_origin)
 
 
 def swiglu_group_quant_device(x: DeviceArray, weight: Optional[DeviceArray] = None,

@@ -101,9 +101,9 @@ def swiglu_group_quant_grad(grad_y: np.ndarray, x: np.ndarray, weight: Optional[
     rest are zero), clamp_limit None (off) or > 0. Returns fresh arrays (grad_x like x,
     grad_weight like weight or None). Inputs are never modified.
     """
-    out = _aclnn.one_shot(_OP, {"grad_y": grad_y, "x": x, "weight": weight, "y_origin": y_origin,
-                                "group_index": group_index, "clamp_limit": clamp_limit})
-    return out["grad_x"], out.get("grad_weight")
+    grad_x, grad_weight = _aclnn.one_shot(_OP, {"grad_y": grad_y, "x": x, "weight": weight, "y_origin": y_origin,
+                                                "group_index": group_index, "clamp_limit": clamp_limit})
+    return grad_x, grad_weight   # type: ignore[return-value]   # (grad_x is always computed)
 
 
 def swiglu_group_quant_grad_device(grad_y: DeviceArray, x: DeviceArray, weight: Optional[DeviceArray] = None,

@@ -1,9 +1,9 @@
 /*
  * A one-shot call's device side in one C call: one device allocation (an arena) for every array
- * and the workspace, the copies in, the tensors and int arrays, phase 1 (through the operator's
- * thunk), phase 2, the synchronisation, the copies back, and the release of everything, whatever
- * fails. Nothing it makes outlives the call, so an exception on the Python side (an interrupt)
- * can never find something half-made.
+ * and the workspace, the copies in (and the zeroing of outputs), the tensors and int arrays,
+ * phase 1 (through the operator's thunk), phase 2, the synchronisation, the copies back, and the
+ * release of everything, whatever fails. Nothing it makes outlives the call, so an exception on
+ * the Python side (an interrupt) can never find something half-made.
  */
 #include <string.h>
 
@@ -21,7 +21,8 @@ typedef enum {
     STEP_LAUNCH,            /* the operator's phase 2 */
     STEP_SYNCHRONIZE,       /* aclrtSynchronizeStream */
     STEP_COPY_OUT,          /* aclrtMemcpy, device to host */
-    STEP_LAYOUT             /* the layout itself is beyond what this helper takes */
+    STEP_LAYOUT,            /* the layout itself is beyond what this helper takes */
+    STEP_ZERO               /* aclrtMemset of an output the operator may leave partly unwritten */
 } one_shot_step;
 
 enum { ABSENT = -1, FIRST_HOST_LIST = -2 };   /* one_shot_layout.handles: host list k is -2 - k */
@@ -31,6 +32,7 @@ typedef struct {
     __typeof__(aclrtMalloc) *malloc;
     __typeof__(aclrtFree) *free;
     __typeof__(aclrtMemcpy) *copy;
+    __typeof__(aclrtMemset) *zero;
     __typeof__(aclCreateTensor) *create_tensor;
     __typeof__(aclDestroyTensor) *destroy_tensor;
     __typeof__(aclCreateIntArray) *create_int_array;
@@ -55,7 +57,7 @@ typedef struct {
 } one_shot_array;
 
 /* one_shot_array.is_output: an input (copied in), an output (copied out), or an output the
- * operator may leave partly unwritten (copied in first, from the caller's zeroed host array). */
+ * operator may leave partly unwritten (zeroed on the device first, then copied out). */
 enum { ARRAY_INPUT = 0, ARRAY_OUTPUT = 1, ARRAY_OUTPUT_PRESET = 2 };
 
 typedef struct {
@@ -65,6 +67,7 @@ typedef struct {
     const int32_t *handles;  /* per handle parameter: an array index, ABSENT, or FIRST_HOST_LIST - k */
     uint32_t host_list_count;
     uint64_t arena_bytes;    /* the arrays' bytes, each 64-byte aligned; the workspace follows */
+    const uint64_t *scalars; /* the operator's scalar parameters' bytes, as its thunk reads them */
 } one_shot_layout;
 
 /* The message of this thread's last failed call, read right after the failure (the releases
@@ -159,10 +162,13 @@ static int32_t make_everything(one_shot_state *state, const one_shot_layout *lay
         const one_shot_array *array = &layout->arrays[i];
         void *device = address_in(state, array);
         const void *host = (const void *)(uintptr_t)hosts[i];
-        if (array->is_output != ARRAY_OUTPUT && device != NULL && host != NULL && array->nbytes != 0) {
+        if (array->is_output == ARRAY_INPUT && device != NULL && host != NULL && array->nbytes != 0) {
             int status = api->copy(device, (size_t)array->nbytes, host, (size_t)array->nbytes,
                                    ACL_MEMCPY_HOST_TO_DEVICE);
             if (status != 0) return fail(state, status, STEP_COPY_IN, i);
+        } else if (array->is_output == ARRAY_OUTPUT_PRESET && device != NULL && array->nbytes != 0) {
+            int status = api->zero(device, (size_t)array->nbytes, 0, (size_t)array->nbytes);
+            if (status != 0) return fail(state, status, STEP_ZERO, i);
         }
         int64_t storage = array->storage_numel;
         state->tensors[i] = api->create_tensor(array->dims, array->ndim, (aclDataType)array->dtype, array->strides, 0,
@@ -183,15 +189,13 @@ HELPER_EXPORT const char *acl_swiglu_one_shot_message(void)
     return failure_message;
 }
 
-/* The whole call. hosts[i]: the host address array i is copied from (an input) or to (an
- * output); host_lists: (values, count) of each host int list; scalars: the operator's scalar
- * parameters' bytes; workspace_hint: workspace bytes to reserve in the arena. Returns 0 or the
- * first failing status (its message: acl_swiglu_one_shot_message), report = [step, index, the
- * workspace phase 1 asked for, releases that failed]. A release that fails changes nothing
+/* The whole call. words: the workspace bytes to reserve in the arena, then per array the host
+ * address it is copied from (an input) or to (an output), then (values, count) of each host
+ * int list. Returns 0 or the first failing status (its message: acl_swiglu_one_shot_message),
+ * report = [step, index, the workspace phase 1 asked for, releases that failed]. A release that fails changes nothing
  * else: its text is dropped, and the call's outcome stands. */
 HELPER_EXPORT int32_t acl_swiglu_one_shot(const one_shot_api *api, const one_shot_layout *layout,
-                                          const uint64_t *hosts, const uint64_t *host_lists, const uint64_t *scalars,
-                                          uint64_t workspace_hint, aclrtStream stream, uint64_t *report)
+                                          const uint64_t *words, aclrtStream stream, uint64_t *report)
 {
     one_shot_state state;
     memset(&state, 0, sizeof state);
@@ -202,6 +206,8 @@ HELPER_EXPORT int32_t acl_swiglu_one_shot(const one_shot_api *api, const one_sho
         layout->host_list_count > HELPER_MAX_SLOTS) {
         return fail(&state, ACL_ERROR_INVALID_PARAM, STEP_LAYOUT, 0);
     }
+    uint64_t workspace_hint = words[0];
+    const uint64_t *hosts = words + 1, *host_lists = hosts + layout->array_count;
     int launched = 0;
     if (make_everything(&state, layout, hosts, host_lists, workspace_hint) == 0) {
         void *handles[HELPER_MAX_SLOTS] = {0};
@@ -215,7 +221,7 @@ HELPER_EXPORT int32_t acl_swiglu_one_shot(const one_shot_api *api, const one_sho
         }
         uint64_t size = 0;
         aclOpExecutor *executor = NULL;
-        int32_t status = api->thunk(api->phase1, handles, scalars, &size, &executor);
+        int32_t status = api->thunk(api->phase1, handles, layout->scalars, &size, &executor);
         report[2] = size;
         void *workspace = NULL;
         if (status != 0) {
