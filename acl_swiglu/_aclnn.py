@@ -13,7 +13,8 @@ import ctypes
 import math
 import threading
 import weakref
-from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
+from operator import is_, itemgetter
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -312,17 +313,43 @@ def _bind_and_launch(operator: Operator, signature: Signature, given: Dict[str, 
             made.append(DeviceArray.zeros(shape, dtype) if name in layout.preset else DeviceArray.empty(shape, dtype))
             arrays[name] = made[-1]
         hosts = host_lists(operator, signature, given) if signature.host_names else {}
-        key = (layout.key or tuple(a._layout_id for a in arrays.values()), current_device(),
-               tuple(tuple(v.tolist()) for v in hosts.values()) if hosts else ())
-        # A repeat needs the very same arguments again: not so with outputs made here, or host
-        # values (read at phase 1, and a list may change in place).
-        repeat = None if made or hosts else (signature.abi, values)
+        # What phase 1 made the executor from: the layout (or, where the layout is not kept, the
+        # revision, the arrays' layouts and the scalars), the device and the host values.
+        shape = layout.key or (signature.abi, tuple((name, a._layout_id) for name, a in arrays.items()), layout.scalars)
+        key = (shape, current_device(), tuple(tuple(v.tolist()) for v in hosts.values()) if hosts else ())
+        # A repeat needs the very same arguments again: not so with outputs made here, host values
+        # (read at phase 1, and a list may change in place), or arguments whose checks are never
+        # reused (their layout is not kept).
+        repeat = None if made or hosts or layout.key is None else (signature.abi, values)
         _launch_kept(operator, signature, layout, key, arrays, hosts, stream, repeat)
     except BaseException:
         for array in made:
             array.close()
         raise
     return tuple(arrays.get(name) for name in signature.output_names)
+
+
+_PLAIN = (type(None), bool, int, float, str)
+_dereference = weakref.ReferenceType.__call__
+
+
+def _picker(positions: Sequence[int]) -> Callable[[Sequence[Any]], Tuple[Any, ...]]:
+    """The values at these positions, as a tuple."""
+    return itemgetter(*positions) if len(positions) > 1 else lambda values: tuple(values[i] for i in positions)
+
+
+class _Arguments(NamedTuple):
+    """What a kept executor's repeat must give again: its revision, stream and device, the
+    arrays (by identity) and the other values (by type and value)."""
+
+    abi: int
+    stream: Life
+    device: int
+    arrays: Callable[[Sequence[Any]], Tuple[Any, ...]]   # picks the arrays from a call's values
+    references: Tuple["weakref.ReferenceType[DeviceArray]", ...]
+    others: Callable[[Sequence[Any]], Tuple[Any, ...]]   # picks the other values
+    values: Tuple[Any, ...]
+    types: Tuple[type, ...]
 
 
 class _Kept:
@@ -338,28 +365,33 @@ class _Kept:
         self.layout, self.key = layout, key   # (the key: its layout, device and host values)
         self.binding: Optional[Binding] = None   # made by the first call's _bind
         self.use = Use()
-        self.arguments: Optional[Tuple[Any, ...]] = None   # (abi, stream, device, arguments) of its last checked launch
+        self.arguments: Optional[_Arguments] = None   # of its last checked launch
         self.checked_at = -1   # the epoch after its last checked launch (-1: bind and check first)
         self._let_go = weakref.finalize(self, setattr, self.use, "active", False)
 
     def remember(self, repeat: Optional[Tuple[int, List[Any]]], stream: Life) -> None:
-        if repeat is not None:
-            abi, values = repeat
-            self.arguments = (abi, stream, self.key[1],
-                              *(weakref.ref(v) if isinstance(v, DeviceArray) else v for v in values))
+        """After its checked launch: the arguments a repeat must give again (none are kept when
+        a value other than an array is not a plain number, string or None, whose == is its own)."""
+        if repeat is None:
+            return
+        abi, values = repeat
+        at = [i for i, value in enumerate(values) if isinstance(value, DeviceArray)]
+        rest = [i for i in range(len(values)) if i not in at]
+        others = tuple(values[i] for i in rest)
+        if all(type(value) in _PLAIN for value in others):
+            self.arguments = _Arguments(abi, stream, self.key[1], _picker(at),
+                                        tuple(weakref.ref(values[i]) for i in at), _picker(rest), others,
+                                        tuple(map(type, others)))
 
     def repeats(self, values: List[Any], abi: int, stream: Life, device: int) -> bool:
-        """Whether this call is its repeat (the epoch aside)."""
-        kept = self.arguments
-        if kept is None or kept[0] != abi or kept[1] is not stream or kept[2] != device:
+        """Whether this call is its repeat (the epoch aside): arrays compared by identity (a dead
+        reference gives None, never an array), other values by type and value."""
+        was = self.arguments
+        if was is None or was.abi != abi or was.stream is not stream or was.device != device:
             return False
-        for was, value in zip(kept[3:], values):
-            if type(was) is weakref.ReferenceType:
-                if value is None or was() is not value:   # (a dead reference gives None)
-                    return False
-            elif was is not value and (type(was) is not type(value) or was != value):
-                return False
-        return True
+        arrays, others = was.arrays(values), was.others(values)
+        return (None not in arrays and all(map(is_, map(_dereference, was.references), arrays))
+                and all(map(is_, map(type, others), was.types)) and others == was.values)
 
     def fill(self, outputs: Tuple[Optional[DeviceArray], ...]) -> Tuple[Optional[DeviceArray], ...]:
         """A repeat's outputs (those given, in the operator's order) with the layout's placeholders

@@ -22,8 +22,7 @@ from . import _ffi
 from ._checks import ADDRESS_MAX, INT64_MAX, whole_number
 from ._dtypes import allowed_dtype_text, as_dtype, dtype_name, is_device_dtype
 from .errors import ArgumentError, HandleClosedError
-from .runtime import (Destroy, Life, Owned, Use, current_device, free_collected, in_forked_child, release_due,
-                      runtime_api, state)
+from .runtime import Destroy, Life, Owned, Use, current_device, free_collected, in_forked_child, runtime_api, state
 
 ACL_MEM_MALLOC_HUGE_FIRST = 0
 MEMCPY_HOST_TO_DEVICE = 1
@@ -89,19 +88,15 @@ class StreamLife(Life):
         if not self.owned:   # (the package never destroys a borrowed stream: nothing to hold)
             status = api.hot.aclrtSynchronizeStream(self.address)
         else:
-            waiting = Use()   # (holds this life alone: not listed in its lives, let go here)
+            waiting = Use()
             try:
                 with state.lock:
                     if self.freeing or self.handle is None:
                         return   # destroyed (or being destroyed): destroying waits for the work
-                    self.holders.add(waiting)   # a destroy now waits for this wait
+                    waiting.hold_also(self)   # a destroy now waits for this wait
                 status = api.hot.aclrtSynchronizeStream(self.address)
             finally:
-                waiting.active = False
-                with state.lock:
-                    self.holders.discard(waiting)
-                if state.due or state.collected:
-                    release_due()
+                waiting.let_go()
         if status:
             _ffi.raise_status(status, "aclrtSynchronizeStream", api.get_message)
 

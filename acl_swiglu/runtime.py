@@ -266,12 +266,11 @@ class Use:
         release_due()
 
     def let_go(self) -> None:
-        """Ends the hold of every life. (An owner that is collected ends its Use with a C-level
-        setattr(use, "active", False): the same first step.)"""
+        """Ends the hold of every life in one store, as the finalizer of a collected owner does:
+        a free decided from then on does not wait for it (an inactive Use stays listed among a
+        life's holders until the next hold of that life drops it). What was closed meanwhile is
+        freed now, or by the next release if another thread was deciding it just then."""
         self.active = False
-        with state.lock:
-            for life in self.lives:
-                life.holders.discard(self)
         if state.due or state.collected:
             release_due()
 
