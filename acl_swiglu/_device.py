@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import ctypes
 import math
+import threading
 import weakref
+from threading import get_ident
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
@@ -22,7 +24,8 @@ from . import _ffi
 from ._checks import ADDRESS_MAX, INT64_MAX, whole_number
 from ._dtypes import allowed_dtype_text, as_dtype, dtype_name, is_device_dtype
 from .errors import ArgumentError, HandleClosedError
-from .runtime import Destroy, Life, Owned, Use, current_device, free_collected, in_forked_child, runtime_api, state
+from .runtime import (Destroy, Life, Owned, Use, current_device, free_collected, in_forked_child, release_due,
+                      runtime_api, state)
 
 ACL_MEM_MALLOC_HUGE_FIRST = 0
 MEMCPY_HOST_TO_DEVICE = 1
@@ -72,33 +75,58 @@ def check_device_dtype(dtype: npt.DTypeLike, name: str = "dtype") -> np.dtype:
 
 class StreamLife(Life):
     """A stream's life: waiting for its queued work works also after a borrowed wrapper was
-    closed (the stream itself lives on); a destroyed stream has completed its work."""
+    closed (the stream itself lives on); a destroyed stream has completed its work.
 
-    __slots__ = ("address", "owned", "device", "wrapper")
+    An owned stream's ``lock`` orders its waits against its destruction: a destroy waits for a
+    wait in progress, and no wait starts on a destroyed stream. The thread waiting is ``waiter``:
+    a free of the stream decided on that very thread meanwhile (a gc callback or signal handler
+    inside the wait) is put off (``busy``) until the wait ends."""
+
+    __slots__ = ("address", "owned", "device", "wrapper", "lock", "waiter", "destroyed", "_destroy_stream")
 
     def __init__(self, destroy: Optional[Destroy], handle: Any, device: Optional[int]) -> None:
-        super().__init__(destroy, handle)
+        super().__init__(None if destroy is None else self._destroy_after_waits, handle)
+        self._destroy_stream = destroy
         self.address = ctypes.cast(handle, ctypes.c_void_p) if handle is not None else ctypes.c_void_p()
         self.owned = destroy is not None
         self.device = device   # the device it belongs to; None for the default stream (each device has one)
         self.wrapper: Optional["weakref.ReferenceType[Stream]"] = None
+        self.lock = threading.Lock()
+        self.waiter: Optional[int] = None
+        self.destroyed = False
+
+    def _destroy_after_waits(self, handle: Any) -> Optional[int]:
+        assert self._destroy_stream is not None   # (owned)
+        with self.lock:
+            self.destroyed = True
+            return self._destroy_stream(handle)
+
+    def busy(self) -> bool:
+        return self.waiter is not None
 
     def wait(self) -> None:
         api = runtime_api()   # (first: in a forked child it refuses, before any lock is taken)
-        if not self.owned:   # (the package never destroys a borrowed stream: nothing to hold)
+        if not self.owned or self.waiter == get_ident():
+            # A borrowed stream is never destroyed by the package; a wait inside this thread's own
+            # wait (a gc callback) runs while the outer one keeps the stream from being destroyed.
             status = api.hot.aclrtSynchronizeStream(self.address)
         else:
-            waiting = Use()
-            try:
-                with state.lock:
-                    if self.freeing or self.handle is None:
-                        return   # destroyed (or being destroyed): destroying waits for the work
-                    waiting.hold_also(self)   # a destroy now waits for this wait
-                status = api.hot.aclrtSynchronizeStream(self.address)
-            finally:
-                waiting.let_go()
+            with self.lock:
+                status = self._wait_locked(api)
+            if state.due or state.collected:
+                release_due()   # (a free put off while this thread waited)
         if status:
             _ffi.raise_status(status, "aclrtSynchronizeStream", api.get_message)
+
+    def _wait_locked(self, api: Any) -> int:
+        """The wait, under the stream's lock. (A function of its own: a ``try`` right inside a
+        ``with`` does not cover its own first line.)"""
+        try:
+            self.waiter = get_ident()
+            status: int = 0 if self.destroyed else api.hot.aclrtSynchronizeStream(self.address)
+            return status
+        finally:
+            self.waiter = None
 
 
 class Stream(Owned):

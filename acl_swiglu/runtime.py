@@ -80,9 +80,13 @@ class Life:
     def wait(self) -> None:
         """Streams override this: wait for the work queued on them."""
 
+    def busy(self) -> bool:
+        """Streams override this: a thread is using the handle outside any Use (its wait)."""
+        return False
+
 
 def _held(life: Life) -> bool:
-    return any(use.active and not use.idle for use in life.holders)
+    return life.busy() or any(use.active and not use.idle for use in life.holders)
 
 
 def _next_due() -> Optional[Life]:

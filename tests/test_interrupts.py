@@ -349,6 +349,7 @@ TARGETS: Dict[str, Tuple[Callable[..., Any], List[Operation]]] = {
     "runtime._Runtime.set_device": (runtime._Runtime.set_device, [SetDevice()]),
     "runtime.Owned._prepare": (runtime.Owned._prepare, [Copies(), PlanBuild()]),
     "_device.StreamLife.wait": (_device.StreamLife.wait, [Copies(), DeviceCall()]),
+    "_device.StreamLife._wait_locked": (_device.StreamLife._wait_locked, [Copies(), DeviceCall()]),
     "_device.Stream.__init__": (_device.Stream.__init__, [StreamLifecycle(), OneShot()]),
     "_device.Stream.take_workspace": (_device.Stream.take_workspace, [StreamLifecycle(), DeviceCall()]),
 
@@ -413,6 +414,7 @@ RELEASES: Dict[str, Tuple[Callable[..., Any], List[Operation]]] = {
     "runtime.Owned._disown": (runtime.Owned._disown, [Phases()]),
     "_device.Stream.release_workspace": (_device.Stream.release_workspace, [StreamLifecycle(), ReleaseCached()]),
     "_device.Stream.close": (_device.Stream.close, [StreamLifecycle()]),
+    "_device.StreamLife._destroy_after_waits": (_device.StreamLife._destroy_after_waits, [StreamLifecycle()]),
     "_device.DeviceArray.close": (_device.DeviceArray.close, [Copies()]),
     "_operator.Executor.close": (_operator.Executor.close, [Phases(repeatable=True)]),
     "_plan.Plan.close": (_plan.Plan.close, [PlanClose(), PlanBuild()]),
@@ -530,7 +532,7 @@ def test_an_interrupt_at_any_line_leaves_nothing_held(name):
 
 
 # What makes a function "acquiring": it makes or holds something that must be given back.
-_ACQUIRES = ("Use(", ".take(", "use.add(", "_prepare(", "state.lock", "self._lock", "binding.lock", "DeviceBuffer(",
+_ACQUIRES = ("Use(", ".take(", "use.add(", "_prepare(", "state.lock", "self._lock", "with self.lock", "DeviceBuffer(",
              "DeviceArray.empty(", "AclTensor(", "AclIntArray(", "Stream()", "Binding(", "Executor(",
              "make_executor(", "adopt(", "_next_due(", "close_life(", "release_due(")
 _CORE = {"runtime": runtime, "_device": _device, "tensor": tensor, "_operator": _operator, "_plan": _plan,
