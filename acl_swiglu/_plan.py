@@ -12,7 +12,6 @@ from __future__ import annotations
 import ctypes
 import threading
 import weakref
-from threading import get_ident
 from types import TracebackType
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Type, TypeVar
 
@@ -23,7 +22,7 @@ from ._device import DeviceArray, DeviceBuffer, Stream, lives_of, order_launch, 
 from ._operator import (Operator, Signature, check_open, device_arrays, host_lists, make_executor, preset_outputs,
                         stream_argument, views_of)
 from .errors import ArgumentError, HandleClosedError
-from .runtime import Owned, Use, at_fork_in_child, in_forked_child, runtime_api, state
+from .runtime import Owned, Use, _runtime, at_fork_in_child, in_forked_child, runtime_api, state
 from .tensor import AclTensor, TensorView
 
 
@@ -152,8 +151,7 @@ class Plan:
         values = [arguments.get(name) for name in operator.argument_names]
         problem = self._problem = operator.problem(signature, arguments, values, True)
         self.stream = stream_argument(stream)
-        self._lock = threading.Lock()
-        self._owner: Optional[int] = None
+        self._lock = threading.RLock()   # (an RLock knows its owner: a call from inside a call is refused)
         self._closed = False
         self._checked_at = -1   # the epoch the plan last checked its bindings at (-1: check first)
         self._binding: Optional[Binding] = None
@@ -220,19 +218,14 @@ class Plan:
         C call for both)."""
         if synchronize is not True and synchronize is not False:
             synchronize = _flag(synchronize)
-        if self._owner == get_ident():
+        lock = self._lock
+        if lock._is_owned():
             raise RuntimeError(f"this {type(self).__name__} was called from code run inside one of its own calls "
                                "(a gc callback or finalizer); call it after that call returns")
-        with self._lock:
-            return self._call(arrays, named, synchronize)
-
-    def _call(self, arrays: Tuple[Any, ...], named: Dict[str, Any],
-              synchronize: bool) -> Tuple[Optional[DeviceArray], ...]:
-        """A call, under the plan's lock. (A function of its own: a ``try`` right inside a
-        ``with`` does not cover its own first line.)"""
         try:
-            self._owner = get_ident()
-            runtime_api()   # (a thread's first call binds its device; in a forked child it refuses)
+            lock.acquire()   # (inside the try: the finally releases it whichever line an exception hits)
+            if getattr(_runtime.local, "generation", -1) != _runtime.generation:
+                runtime_api()   # (a thread's first call binds its device; in a forked child it refuses)
             if arrays or named:
                 self._rebind(arrays, named)
             start = state.epoch
@@ -253,7 +246,8 @@ class Plan:
                 self._checked_at = expected
             return self._outputs
         finally:
-            self._owner = None
+            if lock._is_owned():
+                lock.release()
 
     def _prepare(self) -> None:
         """Before a launch the epoch check did not clear: the bindings must be open and pointed
@@ -356,34 +350,34 @@ class Plan:
         if in_forked_child():
             self._closed = True   # the parent's device state is not this process's to free
             return
-        if self._owner == get_ident():
+        lock = self._lock
+        if lock._is_owned():
             raise RuntimeError(f"this {type(self).__name__} was closed from code run inside one of its own calls "
                                "(a gc callback or finalizer); close it after that call returns")
-        with self._lock:
-            self._close()
-
-    def _close(self) -> None:
-        """close(), under the plan's lock."""
         try:
-            self._owner = get_ident()
-            if self._closed:
-                return
-            self._closed = True
-            stream = self.stream
-            try:
-                if self._binding is not None and not stream.closed:
-                    stream.synchronize()   # report a failure of queued work here
-            finally:
-                if self._binding is not None:
-                    self._binding.close()
-                for array in self._owned_outputs:
-                    array.close()
-                if self._workspace is not None:
-                    self._workspace.close()
-                self._let_go.detach()
-                self._use.let_go()
+            lock.acquire()
+            if not self._closed:
+                self._closed = True
+                if self._binding is not None and not self.stream.closed:
+                    self.stream.synchronize()   # report a failure of queued work here
         finally:
-            self._owner = None
+            if lock._is_owned():
+                try:
+                    if self._closed:   # (also finishes a close an exception cut short)
+                        self._release()
+                finally:
+                    lock.release()
+
+    def _release(self) -> None:
+        """What close() frees, under the plan's lock; each step can be made again."""
+        if self._binding is not None:
+            self._binding.close()
+        for array in self._owned_outputs:
+            array.close()
+        if self._workspace is not None:
+            self._workspace.close()
+        self._let_go.detach()
+        self._use.let_go()
 
     @property
     def closed(self) -> bool:
@@ -415,8 +409,7 @@ def _reset_after_fork() -> None:
     """A parent thread may have held a plan's lock at the fork: the child's plans get new locks,
     and check before their next launch, which refuses (runtime_api) in the child."""
     for plan in list(_plans):
-        plan._lock = threading.Lock()
-        plan._owner = None
+        plan._lock = threading.RLock()
         plan._checked_at = -1
 
 

@@ -224,7 +224,6 @@ def test_one_plan_shared_by_8_threads(abi):
         gw0 = stack.enter_context(acl_swiglu.DeviceArray.empty(base[2].shape, np.float32))
         plan = stack.enter_context(acl_swiglu.SwigluGroupQuantGradPlan(*d0, g0, CLAMP, grad_x=gx0, grad_weight=gw0,
                                                                        stream=stream))
-        assert isinstance(plan._lock, type(threading.Lock()))   # what makes sharing safe
 
         def worker(k, barrier):
             with ExitStack() as mine:

@@ -375,7 +375,6 @@ TARGETS: Dict[str, Tuple[Callable[..., Any], List[Operation]]] = {
     "_plan.Binding.bind": (_plan.Binding.bind, [PlanCall(rebind=True)]),
     "_plan.Plan.__init__": (_plan.Plan.__init__, [PlanBuild(), PlanBuild(abi=1)]),
     "_plan.Plan.__call__": (_plan.Plan.__call__, [PlanCall(), PlanCall(rebind=True)]),
-    "_plan.Plan._call": (_plan.Plan._call, [PlanCall(), PlanCall(rebind=True)]),
     "_plan.Plan._prepare": (_plan.Plan._prepare, [PlanCall(rebind=True)]),
     "_plan.Plan._rebind": (_plan.Plan._rebind, [PlanCall(rebind=True), PlanCall(abi=1, rebind=True)]),
     "_plan.Plan._regroup": (_plan.Plan._regroup, [PlanCall(abi=1, rebind=True)]),
@@ -421,7 +420,7 @@ RELEASES: Dict[str, Tuple[Callable[..., Any], List[Operation]]] = {
     "_aclnn.release_cached": (_aclnn.release_cached, [ReleaseCached()]),
 }
 CLEANUP = {"runtime.Use.drop", "runtime.Use.let_go", "runtime._free", "runtime._next_due", "runtime._mark_closed",
-           "runtime._Runtime.disown", "_plan.Plan._close"}
+           "runtime._Runtime.disown"}
 
 
 def _interruptible_lines(function: Callable[..., Any]) -> List[int]:
