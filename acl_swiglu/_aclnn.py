@@ -13,7 +13,7 @@ import ctypes
 import math
 import threading
 import weakref
-from operator import is_, itemgetter
+from operator import attrgetter, is_, itemgetter
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
@@ -330,23 +330,28 @@ def _bind_and_launch(operator: Operator, signature: Signature, given: Dict[str, 
 
 
 _PLAIN = (type(None), bool, int, float, str)
-_dereference = weakref.ReferenceType.__call__
+_serial_of = attrgetter("_serial")
 
 
 def _picker(positions: Sequence[int]) -> Callable[[Sequence[Any]], Tuple[Any, ...]]:
     """The values at these positions, as a tuple."""
-    return itemgetter(*positions) if len(positions) > 1 else lambda values: tuple(values[i] for i in positions)
+    if len(positions) > 1:
+        return itemgetter(*positions)
+    if positions:
+        return lambda values, at=positions[0]: (values[at],)
+    return lambda values: ()
 
 
 class _Arguments(NamedTuple):
     """What a kept executor's repeat must give again: its revision, stream and device, the
-    arrays (by identity) and the other values (by type and value)."""
+    arrays (by their serial numbers, which no other array has) and the other values (by type and
+    value)."""
 
     abi: int
     stream: Life
     device: int
     arrays: Callable[[Sequence[Any]], Tuple[Any, ...]]   # picks the arrays from a call's values
-    references: Tuple["weakref.ReferenceType[DeviceArray]", ...]
+    serials: Tuple[int, ...]
     others: Callable[[Sequence[Any]], Tuple[Any, ...]]   # picks the other values
     values: Tuple[Any, ...]
     types: Tuple[type, ...]
@@ -357,8 +362,8 @@ class _Kept:
     its Use holds from one call to the next: the memory of the arrays it is bound to, the stream
     and the workspace. While it waits in its operator's pool the Use is idle, which holds off no
     close(): what is closed meanwhile is freed at once, and the epoch has moved, so the next call
-    binds again. Of the arguments of its last checked launch it keeps weak references to the
-    arrays and the other values: a call with the very same ones, on the same stream and device
+    binds again. Of the arguments of its last checked launch it keeps the arrays' serial numbers
+    (not the arrays) and the other values: a call with the very same ones, on the same stream and device
     with the epoch unmoved since, is its repeat."""
 
     def __init__(self, layout: "_DeviceLayout", key: Tuple[Any, ...]) -> None:
@@ -380,18 +385,21 @@ class _Kept:
         others = tuple(values[i] for i in rest)
         if all(type(value) in _PLAIN for value in others):
             self.arguments = _Arguments(abi, stream, self.key[1], _picker(at),
-                                        tuple(weakref.ref(values[i]) for i in at), _picker(rest), others,
+                                        tuple(values[i]._serial for i in at), _picker(rest), others,
                                         tuple(map(type, others)))
 
     def repeats(self, values: List[Any], abi: int, stream: Life, device: int) -> bool:
-        """Whether this call is its repeat (the epoch aside): arrays compared by identity (a dead
-        reference gives None, never an array), other values by type and value."""
+        """Whether this call is its repeat (the epoch aside): arrays compared by serial number
+        (a value that is no array has none), other values by type and value."""
         was = self.arguments
         if was is None or was.abi != abi or was.stream is not stream or was.device != device:
             return False
-        arrays, others = was.arrays(values), was.others(values)
-        return (None not in arrays and all(map(is_, map(_dereference, was.references), arrays))
-                and all(map(is_, map(type, others), was.types)) and others == was.values)
+        try:
+            serials = tuple(map(_serial_of, was.arrays(values)))
+        except AttributeError:
+            return False
+        others = was.others(values)
+        return serials == was.serials and all(map(is_, map(type, others), was.types)) and others == was.values
 
     def fill(self, outputs: Tuple[Optional[DeviceArray], ...]) -> Tuple[Optional[DeviceArray], ...]:
         """A repeat's outputs (those given, in the operator's order) with the layout's placeholders

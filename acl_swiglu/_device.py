@@ -11,10 +11,10 @@ never freed under queued work (runtime.Life).
 from __future__ import annotations
 
 import ctypes
+import itertools
 import math
 import threading
 import weakref
-from threading import get_ident
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
@@ -78,11 +78,12 @@ class StreamLife(Life):
     closed (the stream itself lives on); a destroyed stream has completed its work.
 
     An owned stream's ``lock`` orders its waits against its destruction: a destroy waits for a
-    wait in progress, and no wait starts on a destroyed stream. The thread waiting is ``waiter``:
-    a free of the stream decided on that very thread meanwhile (a gc callback or signal handler
-    inside the wait) is put off (``busy``) until the wait ends."""
+    wait in progress, and no wait starts on a destroyed stream. It is re-entrant, and knows the
+    thread holding it: on that thread, during its wait (a gc callback or signal handler), a
+    nested wait synchronises at once and a free of the stream is put off (``busy``) until the
+    wait ends."""
 
-    __slots__ = ("address", "owned", "device", "wrapper", "lock", "waiter", "destroyed", "_destroy_stream")
+    __slots__ = ("address", "owned", "device", "wrapper", "lock", "destroyed", "_destroy_stream")
 
     def __init__(self, destroy: Optional[Destroy], handle: Any, device: Optional[int]) -> None:
         super().__init__(None if destroy is None else self._destroy_after_waits, handle)
@@ -91,8 +92,7 @@ class StreamLife(Life):
         self.owned = destroy is not None
         self.device = device   # the device it belongs to; None for the default stream (each device has one)
         self.wrapper: Optional["weakref.ReferenceType[Stream]"] = None
-        self.lock = threading.Lock()
-        self.waiter: Optional[int] = None
+        self.lock = threading.RLock()
         self.destroyed = False
 
     def _destroy_after_waits(self, handle: Any) -> Optional[int]:
@@ -102,31 +102,19 @@ class StreamLife(Life):
             return self._destroy_stream(handle)
 
     def busy(self) -> bool:
-        return self.waiter is not None
+        return self.lock._is_owned()   # type: ignore[attr-defined,no-any-return]
 
     def wait(self) -> None:
         api = runtime_api()   # (first: in a forked child it refuses, before any lock is taken)
-        if not self.owned or self.waiter == get_ident():
-            # A borrowed stream is never destroyed by the package; a wait inside this thread's own
-            # wait (a gc callback) runs while the outer one keeps the stream from being destroyed.
+        if not self.owned:   # (the package never destroys a borrowed stream: no lock)
             status = api.hot.aclrtSynchronizeStream(self.address)
         else:
             with self.lock:
-                status = self._wait_locked(api)
+                status = 0 if self.destroyed else api.hot.aclrtSynchronizeStream(self.address)
             if state.due or state.collected:
                 release_due()   # (a free put off while this thread waited)
         if status:
             _ffi.raise_status(status, "aclrtSynchronizeStream", api.get_message)
-
-    def _wait_locked(self, api: Any) -> int:
-        """The wait, under the stream's lock. (A function of its own: a ``try`` right inside a
-        ``with`` does not cover its own first line.)"""
-        try:
-            self.waiter = get_ident()
-            status: int = 0 if self.destroyed else api.hot.aclrtSynchronizeStream(self.address)
-            return status
-        finally:
-            self.waiter = None
 
 
 class Stream(Owned):
@@ -183,8 +171,10 @@ class Stream(Owned):
 
     def synchronize(self) -> None:
         """Waits for the work queued on this stream; raises its error if one failed."""
-        self.check_open()
-        self._life.wait()
+        life = self._life
+        if life.closed:
+            self.check_open()   # (raises)
+        life.wait()
 
     def wait_queued(self) -> None:
         """Waits for work queued through this wrapper, also after it was closed."""
@@ -439,6 +429,9 @@ def record_launch(reads: Sequence["DeviceArray"], writes: Sequence["DeviceArray"
         return state.epoch if state.epoch == start + changed else -1
 
 
+_serials = itertools.count(1)
+
+
 class DeviceArray:
     """A typed, strided view of device memory: what a tensor argument of an operator is.
 
@@ -464,6 +457,7 @@ class DeviceArray:
         self._layout = (self.shape, self.dtype, self.strides, self.offset)
         self._layout_id = layout_id(self._layout)
         self._access = Access() if buffer is None else buffer._access
+        self._serial = next(_serials)   # (never given to another array: a kept executor's repeat compares these)
 
     # -- construction --
 

@@ -349,7 +349,6 @@ TARGETS: Dict[str, Tuple[Callable[..., Any], List[Operation]]] = {
     "runtime._Runtime.set_device": (runtime._Runtime.set_device, [SetDevice()]),
     "runtime.Owned._prepare": (runtime.Owned._prepare, [Copies(), PlanBuild()]),
     "_device.StreamLife.wait": (_device.StreamLife.wait, [Copies(), DeviceCall()]),
-    "_device.StreamLife._wait_locked": (_device.StreamLife._wait_locked, [Copies(), DeviceCall()]),
     "_device.Stream.__init__": (_device.Stream.__init__, [StreamLifecycle(), OneShot()]),
     "_device.Stream.take_workspace": (_device.Stream.take_workspace, [StreamLifecycle(), DeviceCall()]),
 
