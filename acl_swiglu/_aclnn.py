@@ -26,7 +26,8 @@ from ._operator import (Executor, Operator, OperatorDescription, Signature, chec
 from ._plan import Binding, raise_launch_failure
 from .errors import ArgumentError, HostMemoryError
 from .tensor import TensorView
-from .runtime import Life, Use, at_fork_in_child, current_device, free_collected, in_forked_child, release_due, state
+from .runtime import (Life, Use, _runtime, at_fork_in_child, current_device, free_collected, in_forked_child,
+                      release_due, runtime_api, state)
 
 _operators: "weakref.WeakSet[Operator]" = weakref.WeakSet()
 
@@ -242,7 +243,7 @@ class _DeviceLayout(NamedTuple):
     output_names: Tuple[str, ...]   # the operator's outputs, in its order
 
 
-def _device_layout(operator: Operator, signature: Signature, values: List[Any]) -> _DeviceLayout:
+def _device_layout(operator: Operator, signature: Signature, values: Sequence[Any]) -> _DeviceLayout:
     key = layout_key(signature.abi, values)
 
     def make() -> _DeviceLayout:
@@ -279,7 +280,10 @@ def device_call(operator: Operator, given: Dict[str, Any], stream: Optional[Stre
         stream = default_stream()
     elif type(stream) is not Stream or stream._life.closed:
         stream = stream_argument(stream)   # (a subclass, or the error naming what is wrong)
-    values = list(map(given.get, operator.argument_names))
+    try:
+        values: Sequence[Any] = operator.values_of(given)
+    except KeyError:   # (some argument not given at all)
+        values = tuple(map(given.get, operator.argument_names))
     kept: Optional[_Kept] = None
     generation = start = -1
     try:
@@ -297,7 +301,7 @@ def device_call(operator: Operator, given: Dict[str, Any], stream: Optional[Stre
     return _bind_and_launch(operator, signature, given, values, stream)
 
 
-def _bind_and_launch(operator: Operator, signature: Signature, given: Dict[str, Any], values: List[Any],
+def _bind_and_launch(operator: Operator, signature: Signature, given: Dict[str, Any], values: Sequence[Any],
                      stream: Stream) -> Tuple[Optional[DeviceArray], ...]:
     """A device-level call that is no kept executor's repeat: validated, its missing outputs made,
     an executor of its key bound to it, launched."""
@@ -337,9 +341,11 @@ def _picker(positions: Sequence[int]) -> Callable[[Sequence[Any]], Tuple[Any, ..
     """The values at these positions, as a tuple."""
     if len(positions) > 1:
         return itemgetter(*positions)
-    if positions:
-        return lambda values, at=positions[0]: (values[at],)
-    return lambda values: ()
+    at = positions[0] if positions else None
+
+    def pick(values: Sequence[Any]) -> Tuple[Any, ...]:
+        return () if at is None else (values[at],)
+    return pick
 
 
 class _Arguments(NamedTuple):
@@ -374,7 +380,7 @@ class _Kept:
         self.checked_at = -1   # the epoch after its last checked launch (-1: bind and check first)
         self._let_go = weakref.finalize(self, setattr, self.use, "active", False)
 
-    def remember(self, repeat: Optional[Tuple[int, List[Any]]], stream: Life) -> None:
+    def remember(self, repeat: Optional[Tuple[int, Sequence[Any]]], stream: Life) -> None:
         """After its checked launch: the arguments a repeat must give again (none are kept when
         a value other than an array is not a plain number, string or None, whose == is its own)."""
         if repeat is None:
@@ -388,7 +394,7 @@ class _Kept:
                                         tuple(values[i]._serial for i in at), _picker(rest), others,
                                         tuple(map(type, others)))
 
-    def repeats(self, values: List[Any], abi: int, stream: Life, device: int) -> bool:
+    def repeats(self, values: Sequence[Any], abi: int, stream: Life, device: int) -> bool:
         """Whether this call is its repeat (the epoch aside): arrays compared by serial number
         (a value that is no array has none), other values by type and value."""
         was = self.arguments
@@ -414,10 +420,12 @@ class _Kept:
             self.binding.close()   # (freed once the calls queued with it are done)
 
 
-def _take_repeat(idle: List[_Kept], values: List[Any], abi: int, stream: Life, epoch: int) -> Optional[_Kept]:
+def _take_repeat(idle: List[_Kept], values: Sequence[Any], abi: int, stream: Life, epoch: int) -> Optional[_Kept]:
     """Under state.lock: the idle executor this call repeats, ready to launch as it stands, or
     None."""
-    device = current_device()
+    if getattr(_runtime.local, "generation", -1) != _runtime.generation:
+        runtime_api()   # (a thread's first call binds its device; in a forked child it refuses)
+    device = _runtime.local.device
     for kept in reversed(idle):
         if kept.checked_at == epoch and kept.repeats(values, abi, stream, device):
             idle.remove(kept)
@@ -428,7 +436,7 @@ def _take_repeat(idle: List[_Kept], values: List[Any], abi: int, stream: Life, e
 
 def _launch_kept(operator: Operator, signature: Signature, layout: _DeviceLayout, key: Tuple[Any, ...],
                  arrays: Dict[str, DeviceArray], hosts: Dict[str, np.ndarray], stream: Stream,
-                 repeat: Optional[Tuple[int, List[Any]]]) -> None:
+                 repeat: Optional[Tuple[int, Sequence[Any]]]) -> None:
     """Takes an executor of this key out of the operator's pool (or makes one), binds it to these
     arrays, launches it, and puts it back. Out of the pool an executor is this call's alone."""
     kept: Optional[_Kept] = None

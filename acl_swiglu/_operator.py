@@ -182,6 +182,7 @@ class Operator:
                     names.append(param.name)
                 c_names[param.c_name] = param.name
         self.argument_names = tuple(names)
+        self.values_of = itemgetter(*names)   # (a call's values from a dict that has every name)
         self._signatures = {abi: Signature(self, revision) for abi, revision in description.revisions.items()}
         self._problems: Dict[Tuple[Any, ...], Any] = {}
         self.kept: List[Any] = []   # device-level calls' idle executors, the least recently used first

@@ -151,7 +151,8 @@ class Plan:
         values = [arguments.get(name) for name in operator.argument_names]
         problem = self._problem = operator.problem(signature, arguments, values, True)
         self.stream = stream_argument(stream)
-        self._lock = threading.RLock()   # (an RLock knows its owner: a call from inside a call is refused)
+        # (an RLock knows the thread holding it, _is_owned(): a call from inside a call is refused)
+        self._lock: Any = threading.RLock()
         self._closed = False
         self._checked_at = -1   # the epoch the plan last checked its bindings at (-1: check first)
         self._binding: Optional[Binding] = None
