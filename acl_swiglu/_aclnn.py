@@ -203,15 +203,14 @@ def one_shot(operator: Operator, given: Dict[str, Any]) -> List[Optional[np.ndar
         helper = _helper_apis[operator] = (api, helper_api(operator, api))
     words = layout.pack(layout.workspace[0], *addresses)
     report = _Report()
-    use = Use()
-    try:
-        while True:   # (held: a release_cached() from another thread destroys it only after this call)
-            stream = thread_stream()
-            if use.add(stream._life):
+    while True:
+        stream = thread_stream()
+        life = stream._life
+        with life.lock:   # (a release_cached() from another thread destroys the stream only after this call)
+            if not life.closed:
+                status = api.hot.acl_swiglu_one_shot(helper[1].reference, layout.reference, words, stream._address,
+                                                     report)
                 break
-        status = api.hot.acl_swiglu_one_shot(helper[1].reference, layout.reference, words, stream._address, report)
-    finally:
-        use.let_go()
     if report[2] > layout.workspace[0]:
         layout.workspace[0] = report[2]   # (the next call's arena holds it)
     if status:

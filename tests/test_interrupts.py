@@ -342,7 +342,7 @@ TARGETS: Dict[str, Tuple[Callable[..., Any], List[Operation]]] = {
     "runtime.Use.hold": (runtime.Use.hold, [Copies(), PlanBuild()]),
     "runtime.Use.hold_also": (runtime.Use.hold_also, [DeviceCall(), PlanBuild()]),
     "runtime.Use.hold_only": (runtime.Use.hold_only, [DeviceCall(), DeviceCall(abi=1)]),
-    "runtime.Use.add": (runtime.Use.add, [OneShot(), DeviceCall(), PlanBuild()]),
+    "runtime.Use.add": (runtime.Use.add, [DeviceCall(), PlanBuild()]),
     "runtime._Runtime.adopt": (runtime._Runtime.adopt, [Copies(), PlanBuild()]),
     "runtime._Runtime.bind_thread": (runtime._Runtime.bind_thread, [NewThread()]),
     "runtime._Runtime._initialise": (runtime._Runtime._initialise, [NewThread()]),
