@@ -2,7 +2,9 @@
  * The vectorised implementation of the kernel (docs/kernel.md), compiled once per instruction
  * set: the including file defines KERNEL_LANES (8 or 16) and KERNEL_TABLE (the name of the table
  * it exports). Every lane does the same IEEE operations as the scalar implementation, in the
- * same order, so each build writes the same bytes (native/tests/test_kernel_variants.c).
+ * same order, so each build writes the same bytes (native/tests/test_kernel_variants.c); for
+ * fp16 and bf16 the silu step comes from a table the scalar function filled
+ * (native/tests/test_kernel_silu_table.c).
  */
 #include "swiglu_kernel_impl.h"
 #include "swiglu_vector.h"
