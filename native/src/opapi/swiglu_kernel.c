@@ -33,11 +33,8 @@ float swiglu_device_expf(float x) { return device_expf(x); }
 static void grad_scalar(const float *gy, float *x0, float *x1, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
-        float a = x0[i];
-        float e = device_expf(a);
-        float s = e / (e + 1.0f);
-        float silu = a * s;
-        float dsilu = s * (((1.0f - s) * a) + 1.0f);
+        float silu, dsilu;
+        silu_with_derivative(x0[i], &silu, &dsilu);
         float g = gy[i];
         x0[i] = (g * x1[i]) * dsilu;
         x1[i] = g * silu;
@@ -53,10 +50,8 @@ static void grad_clamped_scalar(const float *gy, float *x0, float *x1, size_t n,
         float a = (a_orig < c || a_orig != a_orig) ? a_orig : c;
         float b = (b_orig > -c || b_orig != b_orig) ? b_orig : -c;
         b = (b < c || b != b) ? b : c;
-        float e = device_expf(a);
-        float s = e / (e + 1.0f);
-        float silu = a * s;
-        float dsilu = s * (((1.0f - s) * a) + 1.0f);
+        float silu, dsilu;
+        silu_with_derivative(a, &silu, &dsilu);
         float g = gy[i];
         float gx0 = (g * b) * dsilu;
         float gx1 = g * silu;
@@ -221,6 +216,8 @@ typedef struct {
     int64_t first_row;
     int64_t end_row;
     row_scratch *scratch;  /* zeroed, so the spare lanes of a short block hold plain numbers */
+    const silu_pair *table;   /* the fused loops' silu table (fp16 and bf16), else NULL */
+    silu_pair at_limit;       /* silu and its derivative at the clamp limit */
 } row_range;
 
 /* Element offset of the start of row t of a [..., last] view. */
@@ -326,7 +323,8 @@ static void compute_row(const row_range *r, int64_t t, row_scratch *scratch)
             int accumulate = t0 > 0;
             size_t done = 0;
             if (fused != NULL) {
-                fused_block block = {gy, x0, x1, yo, gx0, gx1, n, w, a->clamp, acc, accumulate};
+                fused_block block = {gy, x0, x1, yo, gx0, gx1, n, w, a->clamp, acc, accumulate, r->table,
+                                     r->at_limit};
                 done = fused(&block);
             }
             if (done < n) {
@@ -401,10 +399,18 @@ int swiglu_kernel_run(const swiglu_kernel_args *args, int threads, swiglu_kernel
             return -3;
         }
     }
+    const silu_pair *silu_table = NULL;
+    silu_pair at_limit = {0.0f, 0.0f};
+    if (impl->fused[0][0] != NULL && args->dtype != ACL_FLOAT && trunc > 0) {
+        silu_table = swiglu_silu_table(args->dtype);
+        fp_env saved = fp_env_enter();
+        silu_with_derivative(args->clamp, &at_limit.silu, &at_limit.dsilu);
+        fp_env_leave(saved);
+    }
     if (threads == 1) {
         /* The common small launch: everything on this thread, nothing to allocate. */
         static __thread row_scratch own_scratch;   /* zero at thread start */
-        row_range range = {args, impl, trunc, tile, 0, args->rows, &own_scratch};
+        row_range range = {args, impl, trunc, tile, 0, args->rows, &own_scratch, silu_table, at_limit};
         run_rows(&range);
         return 0;
     }
@@ -417,7 +423,7 @@ int swiglu_kernel_run(const swiglu_kernel_args *args, int threads, swiglu_kernel
     }
     for (int k = 0; k < threads; k++) {
         ranges[k] = (row_range){args, impl, trunc, tile, args->rows * k / threads,
-                                args->rows * (k + 1) / threads, &scratch[k]};
+                                args->rows * (k + 1) / threads, &scratch[k], silu_table, at_limit};
     }
     kernel_run_ranges(run_rows, ranges, sizeof *ranges, threads);
     free(ranges);

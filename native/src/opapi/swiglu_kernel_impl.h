@@ -84,6 +84,17 @@ static inline float device_expf(float x)
     return result;
 }
 
+/* silu(a) = a * s and its derivative s * ((1 - s) * a + 1), s = e / (e + 1) with the device's exp:
+ * the one definition the scalar rows and the 16-bit lookup tables (swiglu_silu_table.c) share, so
+ * that a looked-up pair has the bits the scalar rows compute. */
+static inline void silu_with_derivative(float a, float *silu, float *dsilu)
+{
+    float e = device_expf(a);
+    float s = e / (e + 1.0f);
+    *silu = a * s;
+    *dsilu = s * (((1.0f - s) * a) + 1.0f);
+}
+
 /* ---- conversions, scalar (round half to even; inf kept; NaN canonical) ---- */
 
 static inline float canonical_f32(float f) { return f != f ? float_of(CANONICAL_NAN_F32) : f; }
@@ -124,6 +135,17 @@ static inline uint16_t float_to_half(float f)
     return (uint16_t)h;
 }
 
+/* silu and its derivative at one 16-bit input, as silu_with_derivative gives them. */
+typedef struct {
+    float silu, dsilu;
+} silu_pair;
+
+#define SILU_TABLE_ENTRIES 65536
+
+/* The pairs of every fp16 (ACL_FLOAT16) or bf16 (ACL_BF16) bit pattern, indexed by the pattern;
+ * built at the first call for that dtype, then shared read-only. NULL for any other dtype. */
+const silu_pair *swiglu_silu_table(aclDataType dtype);
+
 /* A contiguous block of one row, for the fused vector loop. */
 typedef struct {
     const char *gy, *x0, *x1, *yo;
@@ -133,6 +155,10 @@ typedef struct {
     float clamp;
     float *acc;        /* gradWeight's accumulator at this block's place in its tile */
     int accumulate;    /* 0 in the first tile: acc = gy * yo; later tiles: acc = acc + gy * yo */
+    /* fp16 and bf16: swiglu_silu_table(dtype), and the pair at the clamp limit (for the lanes the
+     * clamp lowers to it). Unused for fp32. */
+    const silu_pair *table;
+    silu_pair at_limit;
 } fused_block;
 
 typedef struct {

@@ -2,7 +2,9 @@
  * The vectorised implementation of the kernel (docs/kernel.md), compiled once per instruction
  * set: the including file defines KERNEL_LANES (8 or 16) and KERNEL_TABLE (the name of the table
  * it exports). Every lane does the same IEEE operations as the scalar implementation, in the
- * same order, so each build writes the same bytes (native/tests/test_kernel_variants.c).
+ * same order, so each build writes the same bytes (native/tests/test_kernel_variants.c); for
+ * fp16 and bf16 the silu step comes from a table the scalar function filled
+ * (native/tests/test_kernel_silu_table.c).
  */
 #include "swiglu_kernel_impl.h"
 #include "swiglu_vector.h"
@@ -13,6 +15,47 @@ INLINE vfloat load_as_float(aclDataType dtype, const char *p, size_t i)
     vhalf h;
     memcpy(&h, (const uint16_t *)p + i, sizeof h);
     return dtype == ACL_FLOAT16 ? half_to_floatv(h) : bf16_to_floatv(h);
+}
+
+/* silu and its derivative of LANES 16-bit inputs from their table (swiglu_silu_table.c):
+ * `patterns` the inputs in memory, `bits` the same zero-extended in lanes. Both halves of a pair
+ * share a cache line, so the second lookup finds the lines the first brought in. */
+INLINE void silu_lookup(const silu_pair *table, const uint16_t *patterns, vint bits, vfloat *silu, vfloat *dsilu)
+{
+#if defined(__AVX512F__) && KERNEL_LANES == 16
+    *silu = (vfloat)_mm512_i32gather_ps((__m512i)bits, &table->silu, sizeof *table);
+    *dsilu = (vfloat)_mm512_i32gather_ps((__m512i)bits, &table->dsilu, sizeof *table);
+#elif defined(__AVX2__) && KERNEL_LANES == 8
+    /* Eight 8-byte loads, indexed straight from memory, beat the gather instructions (which
+     * some AVX2 CPUs run in microcode) and moving the indices out of a vector. */
+    __m128d p[4];
+    for (int k = 0; k < 4; k++) {
+        p[k] = _mm_loadh_pd(_mm_load_sd((const double *)&table[patterns[2 * k]]),
+                            (const double *)&table[patterns[2 * k + 1]]);
+    }
+    __m256 low = _mm256_castpd_ps(_mm256_setr_m128d(p[0], p[2]));
+    __m256 high = _mm256_castpd_ps(_mm256_setr_m128d(p[1], p[3]));
+    /* pairs s0 d0 s1 d1 | s4 d4 s5 d5 and s2 d2 s3 d3 | s6 d6 s7 d7: even and odd floats */
+    *silu = (vfloat)_mm256_shuffle_ps(low, high, _MM_SHUFFLE(2, 0, 2, 0));
+    *dsilu = (vfloat)_mm256_shuffle_ps(low, high, _MM_SHUFFLE(3, 1, 3, 1));
+#else
+    float s[LANES], d[LANES];
+    for (int k = 0; k < LANES; k++) {
+        s[k] = table[patterns[k]].silu;
+        d[k] = table[patterns[k]].dsilu;
+    }
+    *silu = vload(s);
+    *dsilu = vload(d);
+#endif
+}
+
+/* x0 of a 16-bit block: its values, and its patterns for the table. */
+INLINE vfloat load_with_bits(aclDataType dtype, const char *p, size_t i, vint *bits)
+{
+    vhalf h;
+    memcpy(&h, (const uint16_t *)p + i, sizeof h);
+    *bits = widen_bits(h);
+    return dtype == ACL_FLOAT16 ? half_to_floatv(h) : (vfloat)(*bits << 16);
 }
 
 #if defined(__AVX512F__) && KERNEL_LANES == 16
@@ -197,18 +240,17 @@ static void products_vector(const float *restrict gy, const float *restrict yo, 
  * inputs to the outputs; the same operations in the same order as the unfused functions. */
 /* `count` (1 or UNROLL) vectors from element i: every lane through the same operations. */
 #define UNROLL 2
-INLINE void fused_vectors(aclDataType dtype, int clamp_on, int has_weight, int bf16_instructions,
-                          const fused_block *b, size_t i, size_t count)
+INLINE void fused_vectors_f32(int clamp_on, int has_weight, const fused_block *b, size_t i, size_t count)
 {
     const vfloat weight = vsplat(b->weight), limit = vsplat(b->clamp), neg_limit = vsplat(-b->clamp);
     vfloat g[UNROLL], a_orig[UNROLL], b_orig[UNROLL], a[UNROLL], bv[UNROLL], e[UNROLL];
     for (size_t k = 0; k < count; k++) {
         const size_t at = i + k * LANES;
-        g[k] = load_as_float(dtype, b->gy, at);
-        a_orig[k] = a[k] = load_as_float(dtype, b->x0, at);
-        b_orig[k] = bv[k] = load_as_float(dtype, b->x1, at);
+        g[k] = load_as_float(ACL_FLOAT, b->gy, at);
+        a_orig[k] = a[k] = load_as_float(ACL_FLOAT, b->x0, at);
+        b_orig[k] = bv[k] = load_as_float(ACL_FLOAT, b->x1, at);
         if (has_weight) {
-            vstore(b->acc + at, product_into(g[k], load_as_float(dtype, b->yo, at), b->acc + at, b->accumulate));
+            vstore(b->acc + at, product_into(g[k], load_as_float(ACL_FLOAT, b->yo, at), b->acc + at, b->accumulate));
             g[k] = g[k] * weight;
         }
         if (clamp_on) clamp_inputs(a_orig[k], b_orig[k], limit, neg_limit, &a[k], &bv[k]);
@@ -223,9 +265,39 @@ INLINE void fused_vectors(aclDataType dtype, int clamp_on, int has_weight, int b
         vfloat gx0, gx1;
         grads_from_exp(g[k], a[k], bv[k], e[k], &gx0, &gx1);
         if (clamp_on) apply_masks(a_orig[k], b_orig[k], limit, neg_limit, &gx0, &gx1);
-        store_from_float(dtype, b->gx0, at, gx0, bf16_instructions);
-        store_from_float(dtype, b->gx1, at, gx1, bf16_instructions);
+        store_from_float(ACL_FLOAT, b->gx0, at, gx0, 0);
+        store_from_float(ACL_FLOAT, b->gx1, at, gx1, 0);
     }
+}
+
+/* The same for fp16 and bf16, with silu and its derivative from the table: where the clamp
+ * lowers x0 to the limit (limit < x0), the pair at the limit; elsewhere x0 itself is the
+ * clamped value (NaN included), so its own entry. */
+INLINE void fused_vector_narrow(aclDataType dtype, int clamp_on, int has_weight, int bf16_instructions,
+                                const fused_block *b, size_t at)
+{
+    vint bits;
+    vfloat g = load_as_float(dtype, b->gy, at);
+    vfloat a_orig = load_with_bits(dtype, b->x0, at, &bits);
+    vfloat b_orig = load_as_float(dtype, b->x1, at), bv = b_orig;
+    if (has_weight) {
+        vstore(b->acc + at, product_into(g, load_as_float(dtype, b->yo, at), b->acc + at, b->accumulate));
+        g = g * b->weight;
+    }
+    vfloat silu, dsilu;
+    silu_lookup(b->table, (const uint16_t *)b->x0 + at, bits, &silu, &dsilu);
+    const vfloat limit = vsplat(b->clamp), neg_limit = vsplat(-b->clamp);
+    if (clamp_on) {
+        lane_mask lowered = lanes_less(limit, a_orig);
+        silu = select_lanes(lowered, vsplat(b->at_limit.silu), silu);
+        dsilu = select_lanes(lowered, vsplat(b->at_limit.dsilu), dsilu);
+        bv = vmin_nan_second(limit, vmax_nan_second(neg_limit, b_orig));
+    }
+    vfloat gx0 = (g * bv) * dsilu;
+    vfloat gx1 = g * silu;
+    if (clamp_on) apply_masks(a_orig, b_orig, limit, neg_limit, &gx0, &gx1);
+    store_from_float(dtype, b->gx0, at, gx0, bf16_instructions);
+    store_from_float(dtype, b->gx1, at, gx1, bf16_instructions);
 }
 
 INLINE size_t fused_body(aclDataType dtype, int clamp_on, int has_weight, int bf16_instructions,
@@ -234,10 +306,12 @@ INLINE size_t fused_body(aclDataType dtype, int clamp_on, int has_weight, int bf
     const fused_block b = *block;   /* a local copy: the stores cannot change its fields */
     const size_t n = b.n / LANES * LANES;
     size_t i = 0;
-    for (; i + UNROLL * LANES <= n; i += UNROLL * LANES) {
-        fused_vectors(dtype, clamp_on, has_weight, bf16_instructions, &b, i, UNROLL);
+    if (dtype != ACL_FLOAT) {
+        for (; i < n; i += LANES) fused_vector_narrow(dtype, clamp_on, has_weight, bf16_instructions, &b, i);
+        return n;
     }
-    for (; i < n; i += LANES) fused_vectors(dtype, clamp_on, has_weight, bf16_instructions, &b, i, 1);
+    for (; i + UNROLL * LANES <= n; i += UNROLL * LANES) fused_vectors_f32(clamp_on, has_weight, &b, i, UNROLL);
+    for (; i < n; i += LANES) fused_vectors_f32(clamp_on, has_weight, &b, i, 1);
     return n;
 }
 

@@ -130,6 +130,10 @@ typedef __mmask16 lane_mask;
 INLINE lane_mask lanes_less(vfloat a, vfloat b) { return _mm512_cmp_ps_mask((__m512)a, (__m512)b, _CMP_LT_OQ); }
 INLINE int all_lanes(lane_mask mask) { return mask == 0xFFFF; }
 INLINE vfloat zero_unless(lane_mask mask, vfloat v) { return (vfloat)_mm512_maskz_mov_ps(mask, (__m512)v); }
+INLINE vfloat select_lanes(lane_mask mask, vfloat yes, vfloat no)
+{
+    return (vfloat)_mm512_mask_blend_ps(mask, (__m512)no, (__m512)yes);
+}
 #else
 typedef vint lane_mask;
 INLINE lane_mask lanes_less(vfloat a, vfloat b) { return a < b; }
@@ -146,6 +150,7 @@ INLINE int all_lanes(lane_mask mask)
 #endif
 }
 INLINE vfloat zero_unless(lane_mask mask, vfloat v) { return vselect(mask, v, vsplat(0.0f)); }
+INLINE vfloat select_lanes(lane_mask mask, vfloat yes, vfloat no) { return vselect(mask, yes, no); }
 #endif
 
 /* device_exp for lanes known to lie in (-86.5, 88): no clamp, no flush, no overflow, no NaN
@@ -194,6 +199,18 @@ INLINE vfloat bf16_to_floatv(vhalf h)
     return (vfloat)_mm256_slli_epi32(_mm256_cvtepu16_epi32((__m128i)h), 16);
 #else
     return (vfloat)(__builtin_convertvector(h, vuint) << 16);
+#endif
+}
+
+/* 16-bit patterns zero-extended to 32-bit lanes. */
+INLINE vint widen_bits(vhalf h)
+{
+#if defined(__AVX512F__) && KERNEL_LANES == 16
+    return (vint)_mm512_cvtepu16_epi32((__m256i)h);
+#elif defined(__AVX2__) && KERNEL_LANES == 8
+    return (vint)_mm256_cvtepu16_epi32((__m128i)h);
+#else
+    return __builtin_convertvector(h, vint);
 #endif
 }
 
