@@ -178,10 +178,6 @@ class Stream(Owned):
             self.check_open()   # (raises)
         life.wait()
 
-    def wait_queued(self) -> None:
-        """Waits for work queued through this wrapper, also after it was closed."""
-        self._life.wait()
-
     def take_workspace(self, nbytes: int, use: Use) -> int:
         """The address of at least nbytes of this stream's pooled workspace on the current
         device, held by `use` (let it go on this stream after queuing the work that uses it)."""

@@ -13,7 +13,6 @@ import re
 from operator import itemgetter
 import struct
 import weakref
-from collections import OrderedDict
 from types import SimpleNamespace
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, TypeVar
 
