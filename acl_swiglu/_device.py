@@ -24,7 +24,7 @@ from . import _ffi
 from ._checks import ADDRESS_MAX, INT64_MAX, whole_number
 from ._dtypes import allowed_dtype_text, as_dtype, dtype_name, is_device_dtype
 from .errors import ArgumentError, HandleClosedError
-from .runtime import (Destroy, Life, Owned, Use, _runtime, current_device, free_collected, in_forked_child,
+from .runtime import (Destroy, Life, Owned, Use, current_device, free_collected, in_forked_child,
                       release_due, runtime_api, state)
 
 ACL_MEM_MALLOC_HUGE_FIRST = 0
@@ -105,9 +105,7 @@ class StreamLife(Life):
         return self.lock._is_owned()   # type: ignore[attr-defined,no-any-return]
 
     def wait(self) -> None:
-        if getattr(_runtime.local, "generation", -1) != _runtime.generation:
-            runtime_api()   # (first: binds the thread's device; in a forked child it refuses, before any lock)
-        api = _ffi._api or runtime_api()
+        api = runtime_api()   # (first: in a forked child it refuses, before any lock is taken)
         if not self.owned:   # (the package never destroys a borrowed stream: no lock)
             status = api.hot.aclrtSynchronizeStream(self.address)
         else:
