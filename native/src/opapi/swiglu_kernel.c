@@ -16,7 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "kernel_threads.h"
+#include "common/work_threads.h"
 #include "swiglu_fpenv.h"
 #include "swiglu_kernel_impl.h"
 #include "swiglu_tiling.h"
@@ -425,7 +425,7 @@ int swiglu_kernel_run(const swiglu_kernel_args *args, int threads, swiglu_kernel
         ranges[k] = (row_range){args, impl, trunc, tile, args->rows * k / threads,
                                 args->rows * (k + 1) / threads, &scratch[k], silu_table, at_limit};
     }
-    kernel_run_ranges(run_rows, ranges, sizeof *ranges, threads);
+    work_run_ranges(run_rows, ranges, sizeof *ranges, threads);
     free(ranges);
     free(scratch);
     return 0;

@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernel_threads.h"
+#include "common/work_threads.h"
 #include "swiglu_fpenv.h"
 #include "swiglu_quant_impl.h"
 
@@ -320,7 +320,7 @@ int swiglu_quant_run(const swiglu_quant_args *args, int threads, swiglu_kernel_v
         ranges[k] = (quant_range){args, impl, y_contiguous, scale_contiguous, trunc * k / threads,
                                   trunc * (k + 1) / threads, &scratch[k]};
     }
-    kernel_run_ranges(run_rows, ranges, sizeof *ranges, threads);
+    work_run_ranges(run_rows, ranges, sizeof *ranges, threads);
     free(ranges);
     free(scratch);
     return 0;

@@ -13,6 +13,7 @@
 #include <sys/mman.h>
 
 #include "runtime/blocks.h"
+#include "runtime/bulk.h"
 
 /* Device allocations are 32-byte aligned on Ascend; use 64 so vector loads never split lines. */
 #define BLOCK_ALIGNMENT 64
@@ -87,7 +88,7 @@ void *aclEmu_block_get(size_t size, int fill, size_t *mapped)
         }
     }
     if (block != NULL) {
-        memset(block, fill, rounded);
+        aclEmu_bulk_fill(block, fill, rounded);
     }
     return block;
 }

@@ -3,9 +3,9 @@
  * pointers live (device memory of the current device, or host memory) and what their kind says.
  */
 #include <stdlib.h>
-#include <string.h>
 
 #include "common/emu_internal.h"
+#include "runtime/bulk.h"
 
 static const char *memcpy_kind_name(int kind)
 {
@@ -111,7 +111,7 @@ static int pinned_copy(const char *api, void *dst, const void *src, size_t count
         return aclEmu_fail(ACL_ERROR_RT_INTERNAL_ERROR, api,
                            "device memory of the copy was freed before the copy ran");
     }
-    memmove(dst, src, count);
+    aclEmu_bulk_copy(dst, src, count);
     aclEmu_mem_unpin(ptrs, n);
     return 0;
 }
@@ -213,7 +213,7 @@ EMU_EXPORT aclError aclrtMemset(void *devPtr, size_t maxCount, int32_t value, si
                            "[devPtr, devPtr + %zu) must lie in one device allocation; it is %s",
                            count, where);
     }
-    memset(devPtr, value & 0xff, count);
+    aclEmu_bulk_fill(devPtr, value & 0xff, count);
     aclEmu_mem_unpin(ptrs, 1);
     return ACL_SUCCESS;
 }
