@@ -20,12 +20,12 @@ import numpy as np
 
 from . import _ffi
 from ._arena import ArenaLayout, HelperApi, arena_layout, helper_api, raise_failure
-from ._device import DeviceArray, Stream, default_stream, lives_of, order_launch, plain_array, record_launch
+from ._checks import plain_array
+from ._device import DeviceArray, Stream, default_stream, lives_of, order_launch, record_launch
 from ._operator import (Executor, Operator, OperatorDescription, Signature, check_open, device_arrays, host_lists,
                         layout_key, preset_outputs, remembered, stream_argument, views_of)
 from ._plan import Binding, raise_launch_failure
 from .errors import ArgumentError, HostMemoryError
-from .tensor import TensorView
 from .runtime import (Life, Use, _runtime, at_fork_in_child, current_device, free_collected, in_forked_child,
                       release_due, runtime_api, state)
 

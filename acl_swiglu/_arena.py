@@ -21,43 +21,8 @@ from ._operator import HOST_INTS, OUTPUT, Operator, Signature
 from .tensor import TensorView, tensor_geometry
 
 ALIGNMENT = 64   # CANN wants 32-byte aligned tensor addresses
-_ABSENT, _FIRST_HOST_LIST = -1, -2
-_ARRAY_INPUT, _ARRAY_OUTPUT, _ARRAY_OUTPUT_PRESET = 0, 1, 2   # one_shot_array.is_output
-
-# binding/one_shot.c's one_shot_step, as the call each one names (the operator's own phases are
-# named by the caller, with the operator's argument names).
-STEP_PHASE1, STEP_LAUNCH = 5, 7
-_STEP_APIS = {1: "aclrtMalloc", 2: "aclrtMemcpy", 3: "aclCreateTensor", 4: "aclCreateIntArray", 6: "aclrtMalloc",
-              8: "aclrtSynchronizeStream", 9: "aclrtMemcpy", 10: "acl_swiglu_one_shot", 11: "aclrtMemset"}
-_MADE_NULL = (3, 4)   # constructors that returned NULL: their message holds the code
-
-
-class _Api(ctypes.Structure):
-    """binding/one_shot.c's one_shot_api."""
-
-    _fields_ = [(name, ctypes.c_void_p) for name in (
-        "malloc", "free", "copy", "zero", "create_tensor", "destroy_tensor", "create_int_array", "destroy_int_array",
-        "destroy_executor", "synchronize", "get_message", "thunk", "phase1", "phase2")]
-
-
-class _Array(ctypes.Structure):
-    """binding/one_shot.c's one_shot_array."""
-
-    _fields_ = [("dims", ctypes.c_void_p), ("strides", ctypes.c_void_p), ("ndim", ctypes.c_uint64),
-                ("storage_numel", ctypes.c_int64), ("offset", ctypes.c_int64), ("nbytes", ctypes.c_uint64),
-                ("dtype", ctypes.c_int32), ("is_output", ctypes.c_int32)]
-
-
-class _Layout(ctypes.Structure):
-    """binding/one_shot.c's one_shot_layout."""
-
-    _fields_ = [("arrays", ctypes.c_void_p), ("array_count", ctypes.c_uint32), ("handle_count", ctypes.c_uint32),
-                ("handles", ctypes.c_void_p), ("host_list_count", ctypes.c_uint32), ("arena_bytes", ctypes.c_uint64),
-                ("scalars", ctypes.c_char_p)]
-
-
 class HelperApi(NamedTuple):
-    table: _Api
+    table: _ffi.OneShotApi
     reference: Any   # a byref of it
 
 
@@ -67,7 +32,7 @@ def helper_api(operator: Operator, api: SimpleNamespace) -> HelperApi:
     symbols = ("aclrtMalloc", "aclrtFree", "aclrtMemcpy", "aclrtMemset", "aclCreateTensor", "aclDestroyTensor",
                "aclCreateIntArray", "aclDestroyIntArray", "aclDestroyAclOpExecutor", "aclrtSynchronizeStream",
                "aclGetRecentErrMsg", description.thunk, description.phase1, description.phase2)
-    table = _Api(*(_ffi.c_address(api, symbol, description.phase1) for symbol in symbols))
+    table = _ffi.OneShotApi(*(_ffi.c_address(api, symbol, description.phase1) for symbol in symbols))
     return HelperApi(table, ctypes.byref(table))
 
 
@@ -101,7 +66,7 @@ def arena_layout(operator: Operator, signature: Signature, values: Sequence[Any]
     view, if it has one); the helper zeroes the `preset` outputs on the device first, since the
     operator may leave parts of them unwritten."""
     names = operator.argument_names
-    arrays: List[_Array] = []
+    arrays: List[_ffi.OneShotArray] = []
     keep: List[Any] = []
     index_of: Dict[str, int] = {}
     inputs: List[int] = []
@@ -122,7 +87,7 @@ def arena_layout(operator: Operator, signature: Signature, values: Sequence[Any]
         tensor_dims, tensor_strides, _, per_item = tensor_geometry(shape, strides, 0, view)
         dims, steps = _int64s(tensor_dims), _int64s(tensor_strides)
         keep.extend((dims, steps))
-        arrays.append(_Array(ctypes.addressof(dims), ctypes.addressof(steps), len(shape), span * per_item, offset,
+        arrays.append(_ffi.OneShotArray(ctypes.addressof(dims), ctypes.addressof(steps), len(shape), span * per_item, offset,
                              nbytes, acl_dtype(dtype) if view is None else view.dtype, is_output))
         index_of[name] = len(arrays) - 1
         as_bytes.append(dtype.isbuiltin != 1)
@@ -137,7 +102,7 @@ def arena_layout(operator: Operator, signature: Signature, values: Sequence[Any]
         strides = host_element_strides(array) if array.size else contiguous_strides(array.shape)
         restage.append(strides is None)
         place(param.name, array.shape, array.dtype, contiguous_strides(array.shape) if strides is None else strides,
-              _ARRAY_INPUT)
+              _ffi.ONE_SHOT_INPUT)
         inputs.append(position)
     placed_outputs: List[Tuple[Tuple[int, ...], np.dtype]] = []
     slots: List[int] = []
@@ -145,7 +110,7 @@ def arena_layout(operator: Operator, signature: Signature, values: Sequence[Any]
         slots.append(len(placed_outputs) if name in outputs else -1)
         if name in outputs:
             shape, dtype = tuple(outputs[name][0]), np.dtype(outputs[name][1])
-            kind = _ARRAY_OUTPUT_PRESET if name in preset else _ARRAY_OUTPUT
+            kind = _ffi.ONE_SHOT_OUTPUT_PRESET if name in preset else _ffi.ONE_SHOT_OUTPUT
             place(name, shape, dtype, contiguous_strides(shape), kind)
             placed_outputs.append((shape, dtype))
     host_positions: List[int] = []
@@ -153,15 +118,15 @@ def arena_layout(operator: Operator, signature: Signature, values: Sequence[Any]
     for param in signature.handles:
         if param.kind == HOST_INTS:
             if values[names.index(param.name)] is None:
-                handles.append(_ABSENT)
+                handles.append(_ffi.ONE_SHOT_ABSENT)
             else:
-                handles.append(_FIRST_HOST_LIST - len(host_positions))
+                handles.append(_ffi.ONE_SHOT_FIRST_HOST_LIST - len(host_positions))
                 host_positions.append(names.index(param.name))
         else:
-            handles.append(index_of.get(param.name, _ABSENT))
-    table = (_Array * max(len(arrays), 1))(*arrays)
+            handles.append(index_of.get(param.name, _ffi.ONE_SHOT_ABSENT))
+    table = (_ffi.OneShotArray * max(len(arrays), 1))(*arrays)
     handle_table = (ctypes.c_int32 * max(len(handles), 1))(*handles)
-    layout = _Layout(ctypes.addressof(table), len(arrays), len(handles), ctypes.addressof(handle_table),
+    layout = _ffi.OneShotLayout(ctypes.addressof(table), len(arrays), len(handles), ctypes.addressof(handle_table),
                      len(host_positions), size, scalars)
     return ArenaLayout(problem, ctypes.byref(layout), (layout, table, handle_table, scalars, *keep), converted,
                        tuple(inputs), tuple(restage + [False] * len(placed_outputs)) if any(restage) else None,
@@ -177,9 +142,9 @@ def raise_failure(operator: Operator, api: SimpleNamespace, status: int, step: i
     message it left (read by the helper right after the failure)."""
     message = api.hot.acl_swiglu_one_shot_message
     description = operator.description
-    if step == STEP_PHASE1 or step == STEP_LAUNCH:
-        _ffi.raise_status(status, description.phase1 if step == STEP_PHASE1 else description.phase2, message,
+    if step == _ffi.ONE_SHOT_STEP_PHASE1 or step == _ffi.ONE_SHOT_STEP_LAUNCH:
+        _ffi.raise_status(status, description.phase1 if step == _ffi.ONE_SHOT_STEP_PHASE1 else description.phase2, message,
                           operator.describe_arguments)
-    if step in _MADE_NULL:
-        _ffi.raise_null(_STEP_APIS[step], message)
-    _ffi.raise_status(status, _STEP_APIS.get(step, "acl_swiglu_one_shot"), message)
+    if step in _ffi.ONE_SHOT_MADE_NULL:
+        _ffi.raise_null(_ffi.ONE_SHOT_STEP_APIS[step], message)
+    _ffi.raise_status(status, _ffi.ONE_SHOT_STEP_APIS.get(step, "acl_swiglu_one_shot"), message)

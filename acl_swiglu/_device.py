@@ -21,8 +21,9 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _ffi
-from ._checks import ADDRESS_MAX, INT64_MAX, whole_number
-from ._dtypes import allowed_dtype_text, as_dtype, dtype_name, is_device_dtype
+from ._checks import (ADDRESS_MAX, MAX_ALLOCATION, check_device_dtype, check_nbytes, check_shape, plain_array,
+                      whole_number)
+from ._dtypes import dtype_name
 from .errors import ArgumentError, HandleClosedError
 from .runtime import (Destroy, Life, Owned, Use, current_device, free_collected, in_forked_child,
                       release_due, runtime_api, state)
@@ -30,7 +31,6 @@ from .runtime import (Destroy, Life, Owned, Use, current_device, free_collected,
 ACL_MEM_MALLOC_HUGE_FIRST = 0
 MEMCPY_HOST_TO_DEVICE = 1
 MEMCPY_DEVICE_TO_HOST = 2
-MAX_ALLOCATION = INT64_MAX   # size_t on the device side; larger sizes would wrap in C
 
 
 # ---- layout arithmetic ----
@@ -57,17 +57,6 @@ def host_element_strides(array: np.ndarray) -> Optional[Tuple[int, ...]]:
     if any(s < 0 or s % itemsize for s in array.strides):
         return None
     return tuple(s // itemsize for s in array.strides)
-
-
-def check_device_dtype(dtype: npt.DTypeLike, name: str = "dtype") -> np.dtype:
-    """`dtype` as a NumPy dtype when device arrays can hold it (an ArgumentError otherwise)."""
-    try:
-        dtype = as_dtype(dtype)
-    except TypeError:
-        raise ArgumentError(f"{name} {dtype!r} is not a dtype; allowed: {allowed_dtype_text()}") from None
-    if not is_device_dtype(dtype):
-        raise ArgumentError(f"{name} is {dtype_name(dtype)}; a device array holds one of {allowed_dtype_text()}")
-    return dtype
 
 
 # ---- streams ----
@@ -230,13 +219,6 @@ def default_stream() -> Stream:
 # ---- device memory ----
 
 
-def _check_nbytes(nbytes: object) -> int:
-    nbytes = whole_number(nbytes, "nbytes", 1, INT64_MAX * 2 + 1)
-    if nbytes > MAX_ALLOCATION:
-        raise ArgumentError(f"nbytes {nbytes} is more than any device can address")
-    return nbytes
-
-
 class DeviceBuffer(Owned):
     """Device memory: ``DeviceBuffer(nbytes)`` allocates (aclrtMalloc) and owns it;
     ``DeviceBuffer.wrap`` borrows a foreign device pointer."""
@@ -245,7 +227,7 @@ class DeviceBuffer(Owned):
 
     def __init__(self, nbytes: int):
         super().__init__()
-        self.nbytes = _check_nbytes(nbytes)
+        self.nbytes = check_nbytes(nbytes)
         api = runtime_api()
         free_collected()
         ptr = ctypes.c_void_p()
@@ -259,7 +241,7 @@ class DeviceBuffer(Owned):
         address = whole_number(ptr, "ptr", 1, ADDRESS_MAX)
         buffer = cls.__new__(cls)
         Owned.__init__(buffer)
-        buffer.nbytes = _check_nbytes(nbytes)
+        buffer.nbytes = check_nbytes(nbytes)
         buffer._borrow(ctypes.c_void_p(address))
         buffer._access = access_of(address)
         return buffer
@@ -320,22 +302,6 @@ class DeviceBuffer(Owned):
             return "<DeviceBuffer closed>"
         owner = "owned" if self._finalizer is not None else "borrowed"
         return f"<DeviceBuffer 0x{self.ptr:x} {self.nbytes} bytes {owner}>"
-
-
-def check_shape(shape: Iterable[object]) -> Tuple[int, ...]:
-    """A shape as a tuple of whole numbers >= 0 (an error naming `shape` otherwise)."""
-    try:
-        dims: Tuple[Any, ...] = tuple(shape)
-    except TypeError:
-        raise TypeError(f"shape must be a sequence of whole numbers, got {type(shape).__name__}") from None
-    for dim in dims:
-        if isinstance(dim, (bool, np.bool_)) or not isinstance(dim, (int, np.integer)):
-            raise TypeError(f"shape {dims} must hold whole numbers, got {type(dim).__name__}")
-        if dim < 0:
-            raise ArgumentError(f"shape {dims} has a negative dim")
-        if dim > INT64_MAX:
-            raise ArgumentError(f"shape {dims} has a dim beyond int64")
-    return tuple(int(d) for d in dims)
 
 
 _layout_ids: Dict[Tuple[Any, ...], int] = {}
@@ -642,26 +608,6 @@ class DeviceArray:
 def lives_of(arrays: Iterable[DeviceArray]) -> List[Life]:
     """The native handles a launch using these arrays relies on: their memory."""
     return [array._life for array in arrays if array._life is not None]
-
-
-def plain_array(value: np.ndarray, name: str) -> np.ndarray:
-    """The plain ndarray an array argument stands for, in native byte order: a subclass's memory
-    as a plain array, a proxy's through its own view() (one that gives no array is refused by
-    `name`), and an array in the other byte order converted."""
-    kind = type(value).__name__
-    plain: Any = None
-    try:
-        plain = np.ndarray.view(value, np.ndarray)   # (a subclass: the plain array over its memory)
-    except TypeError:   # a proxy, which only claims to be an ndarray: the array it forwards to
-        try:
-            plain = value.view(np.ndarray)
-        except Exception:
-            pass
-    if type(plain) is not np.ndarray:
-        raise TypeError(f"{name} is a {kind} that claims to be a numpy.ndarray but gives no array of its own "
-                        "(its view(numpy.ndarray) does not); pass the array itself")
-    array: np.ndarray = plain if plain.dtype.isnative else plain.astype(plain.dtype.newbyteorder("="))
-    return array
 
 
 def to_device(array: np.ndarray) -> DeviceArray:

@@ -114,6 +114,52 @@ HELPER_DECLARATIONS = (
     D("helper", "acl_swiglu_one_shot_message", c_char_p, (), PLAIN, fast=True),
 )
 
+
+class HelperLaunch(ctypes.Structure):
+    """binding/launch.c's helper_launch: what acl_swiglu_launch calls."""
+
+    _fields_ = [("phase2", c_void_p), ("synchronize", c_void_p), ("workspace", c_void_p),
+                ("workspace_size", c_uint64), ("executor", c_void_p), ("stream", c_void_p)]
+
+
+# What acl_swiglu_launch's result says in its upper 32 bits (the lower 32: the failed call's status).
+LAUNCH_PHASE2_FAILED, LAUNCH_SYNC_FAILED = 1, 2
+
+
+class OneShotApi(ctypes.Structure):
+    """binding/one_shot.c's one_shot_api: the functions acl_swiglu_one_shot calls."""
+
+    _fields_ = [(name, c_void_p) for name in (
+        "malloc", "free", "copy", "zero", "create_tensor", "destroy_tensor", "create_int_array", "destroy_int_array",
+        "destroy_executor", "synchronize", "get_message", "thunk", "phase1", "phase2")]
+
+
+class OneShotArray(ctypes.Structure):
+    """binding/one_shot.c's one_shot_array."""
+
+    _fields_ = [("dims", c_void_p), ("strides", c_void_p), ("ndim", c_uint64), ("storage_numel", c_int64),
+                ("offset", c_int64), ("nbytes", c_uint64), ("dtype", c_int32), ("is_output", c_int32)]
+
+
+class OneShotLayout(ctypes.Structure):
+    """binding/one_shot.c's one_shot_layout."""
+
+    _fields_ = [("arrays", c_void_p), ("array_count", c_uint32), ("handle_count", c_uint32), ("handles", c_void_p),
+                ("host_list_count", c_uint32), ("arena_bytes", c_uint64), ("scalars", c_char_p)]
+
+
+# one_shot_layout.handles: an absent parameter, and the first host list (the next: -3, ...).
+ONE_SHOT_ABSENT, ONE_SHOT_FIRST_HOST_LIST = -1, -2
+ONE_SHOT_INPUT, ONE_SHOT_OUTPUT, ONE_SHOT_OUTPUT_PRESET = 0, 1, 2   # one_shot_array.is_output
+# binding/one_shot.c's one_shot_step, as the call each one names (the operator's own phases are
+# named by the caller, with the operator's argument names).
+ONE_SHOT_STEP_PHASE1, ONE_SHOT_STEP_LAUNCH = 5, 7
+ONE_SHOT_STEP_APIS = {1: "aclrtMalloc", 2: "aclrtMemcpy", 3: "aclCreateTensor", 4: "aclCreateIntArray",
+                      6: "aclrtMalloc", 8: "aclrtSynchronizeStream", 9: "aclrtMemcpy", 10: "acl_swiglu_one_shot",
+                      11: "aclrtMemset"}
+ONE_SHOT_MADE_NULL = (3, 4)   # constructors that returned NULL: their message holds the code
+
+
 # Only the emulator has these (acl_emu/acl_emu.h).
 EMULATOR_DECLARATIONS = (
     D("runtime", "aclEmuVersion", c_char_p, (), PLAIN),

@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Type, Ty
 import numpy as np
 
 from . import _ffi
+from ._checks import synchronize_flag
 from ._device import DeviceArray, DeviceBuffer, Stream, lives_of, order_launch, record_launch
 from ._operator import (Operator, Signature, check_open, device_arrays, host_lists, make_executor, preset_outputs,
                         stream_argument, views_of)
@@ -26,22 +27,11 @@ from .runtime import Owned, Use, _runtime, at_fork_in_child, in_forked_child, ru
 from .tensor import AclTensor, TensorView
 
 
-class _Launch(ctypes.Structure):
-    """binding/launch.c's helper_launch: what acl_swiglu_launch calls."""
-
-    _fields_ = [("phase2", ctypes.c_void_p), ("synchronize", ctypes.c_void_p), ("workspace", ctypes.c_void_p),
-                ("workspace_size", ctypes.c_uint64), ("executor", ctypes.c_void_p), ("stream", ctypes.c_void_p)]
-
-
-# What a launch's result says in its upper 32 bits (the lower 32: the failed call's status).
-_PHASE2_FAILED, _SYNC_FAILED = 1, 2
-
-
 def raise_launch_failure(operator: Operator, api: Any, result: int) -> None:
     """Raises for a failed acl_swiglu_launch (nothing for 0)."""
     if result:
         status = ctypes.c_int32(result & 0xFFFFFFFF).value
-        if result >> 32 == _PHASE2_FAILED:
+        if result >> 32 == _ffi.LAUNCH_PHASE2_FAILED:
             operator.check_status(api, status, operator.description.phase2)
         _ffi.raise_status(status, "aclrtSynchronizeStream", api.get_message)
 
@@ -83,7 +73,7 @@ class Binding(Owned):
             self.setters[name] = (getattr(api.hot, symbol), executor, ctypes.c_size_t(signature.address_index[name]),
                                   tensor.address, symbol)
         phase2 = operator.description.phase2
-        self.launch = _Launch(_ffi.c_address(api, phase2, operator.description.phase1),
+        self.launch = _ffi.HelperLaunch(_ffi.c_address(api, phase2, operator.description.phase1),
                               _ffi.c_address(api, "aclrtSynchronizeStream"), None, self.workspace_size,
                               executor.value, None)
         self.launch_argument = ctypes.byref(self.launch)
@@ -120,13 +110,6 @@ class Binding(Owned):
         status = setter(executor, index, tensor, ctypes.c_void_p(address or None))
         if status:
             self.operator.check_status(self.operator.api(), status, symbol)
-
-
-def _flag(value: Any) -> bool:
-    """synchronize= as a bool: True, False, a NumPy bool, or the int 0 or 1."""
-    if isinstance(value, (bool, np.bool_)) or (type(value) is int and value in (0, 1)):
-        return bool(value)
-    raise TypeError(f"synchronize must be True or False, got {value!r}")
 
 
 _plans: "weakref.WeakSet[Plan]" = weakref.WeakSet()
@@ -218,7 +201,7 @@ class Plan:
         is queued on the plan's stream; with synchronize=True the call also waits for it (one
         C call for both)."""
         if synchronize is not True and synchronize is not False:
-            synchronize = _flag(synchronize)
+            synchronize = synchronize_flag(synchronize)
         lock = self._lock
         if lock._is_owned():
             raise RuntimeError(f"this {type(self).__name__} was called from code run inside one of its own calls "
