@@ -156,18 +156,7 @@ def one_shot(operator: Operator, given: Dict[str, Any]) -> List[Optional[np.ndar
     signature = operator.signature()
     names = operator.argument_names
     values: List[Any] = list(map(given.get, names))
-    parts: List[Any] = [signature.abi]
-    for value in values:   # (_host_key's common case inline: plain arrays, scalars and None)
-        kind = type(value)
-        if kind is np.ndarray:
-            parts.append((value.dtype, value.shape, value.strides))
-        elif value is None or kind in _SCALAR_KINDS:
-            parts.append((kind, value))
-        else:
-            key = _host_key(signature.abi, names, values)
-            break
-    else:
-        key = tuple(parts)
+    key = _host_key(signature.abi, names, values)
     layout = operator.one_shots.get(key) if key is not None else None
     if layout is None:
         layout = _one_shot_layout(operator, signature, values, key)
