@@ -21,7 +21,11 @@ from ._operator import HOST_INTS, OUTPUT, Operator, Signature
 from .tensor import TensorView, tensor_geometry
 
 ALIGNMENT = 64   # CANN wants 32-byte aligned tensor addresses
+
+
 class HelperApi(NamedTuple):
+    """binding/one_shot.c's one_shot_api for one operator, and a byref of it."""
+
     table: _ffi.OneShotApi
     reference: Any   # a byref of it
 
