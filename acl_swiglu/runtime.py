@@ -207,16 +207,12 @@ class Use:
 
     def take(self) -> bool:
         """Holds every life; False when one of them was closed already (the caller refuses)."""
-        with state.lock:
-            return self.hold()
-
-    def hold(self) -> bool:
-        """take(), for a caller that holds state.lock already."""
         taken = True
-        for life in self.lives:
-            self._hold(life)
-            if life.closed:
-                taken = False
+        with state.lock:
+            for life in self.lives:
+                self._hold(life)
+                if life.closed:
+                    taken = False
         return taken
 
     def add(self, life: Life) -> bool:

@@ -339,7 +339,6 @@ class SetDevice(Operation):
 # Every acquiring function of the core, with the operations that run it.
 TARGETS: Dict[str, Tuple[Callable[..., Any], List[Operation]]] = {
     "runtime.Use.take": (runtime.Use.take, [Copies(), PlanBuild()]),
-    "runtime.Use.hold": (runtime.Use.hold, [Copies(), PlanBuild()]),
     "runtime.Use.hold_also": (runtime.Use.hold_also, [DeviceCall(), PlanBuild()]),
     "runtime.Use.hold_only": (runtime.Use.hold_only, [DeviceCall(), DeviceCall(abi=1)]),
     "runtime.Use.add": (runtime.Use.add, [DeviceCall(), PlanBuild()]),
