@@ -337,18 +337,18 @@ def _picker(positions: Sequence[int]) -> Callable[[Sequence[Any]], Tuple[Any, ..
 
 
 class _Arguments(NamedTuple):
-    """What a kept executor's repeat must give again: its revision, stream and device, the
-    arrays (by their serial numbers, which no other array has) and the other values (by type and
-    value)."""
+    """What a kept executor's repeat must give again: its revision, stream and device, the type
+    of every value, the arrays (by their serial numbers, which no other array has) and the other
+    values."""
 
     abi: int
     stream: Life
     device: int
+    types: Tuple[type, ...]
     arrays: Callable[[Sequence[Any]], Tuple[Any, ...]]   # picks the arrays from a call's values
     serials: Tuple[int, ...]
     others: Callable[[Sequence[Any]], Tuple[Any, ...]]   # picks the other values
     values: Tuple[Any, ...]
-    types: Tuple[type, ...]
 
 
 class _Kept:
@@ -378,22 +378,17 @@ class _Kept:
         rest = [i for i in range(len(values)) if i not in at]
         others = tuple(values[i] for i in rest)
         if all(type(value) in _PLAIN for value in others):
-            self.arguments = _Arguments(abi, stream, self.key[1], _picker(at),
-                                        tuple(values[i]._serial for i in at), _picker(rest), others,
-                                        tuple(map(type, others)))
+            self.arguments = _Arguments(abi, stream, self.key[1], tuple(map(type, values)), _picker(at),
+                                        tuple(values[i]._serial for i in at), _picker(rest), others)
 
     def repeats(self, values: Sequence[Any], abi: int, stream: Life, device: int) -> bool:
-        """Whether this call is its repeat (the epoch aside): arrays compared by serial number
-        (a value that is no array has none), other values by type and value."""
+        """Whether this call is its repeat (the epoch aside): every value of the same type, the
+        arrays of the same serial numbers, the other values equal."""
         was = self.arguments
-        if was is None or was.abi != abi or was.stream is not stream or was.device != device:
+        if was is None or was.abi != abi or was.stream is not stream or was.device != device or \
+                not all(map(is_, map(type, values), was.types)):
             return False
-        try:
-            serials = tuple(map(_serial_of, was.arrays(values)))
-        except AttributeError:
-            return False
-        others = was.others(values)
-        return serials == was.serials and all(map(is_, map(type, others), was.types)) and others == was.values
+        return tuple(map(_serial_of, was.arrays(values))) == was.serials and was.others(values) == was.values
 
     def fill(self, outputs: Tuple[Optional[DeviceArray], ...]) -> Tuple[Optional[DeviceArray], ...]:
         """A repeat's outputs (those given, in the operator's order) with the layout's placeholders

@@ -67,10 +67,9 @@ class StreamLife(Life):
     closed (the stream itself lives on); a destroyed stream has completed its work.
 
     An owned stream's ``lock`` orders its waits against its destruction: a destroy waits for a
-    wait in progress, and no wait starts on a destroyed stream. It is re-entrant, and knows the
-    thread holding it: on that thread, during its wait (a gc callback or signal handler), a
-    nested wait synchronises at once and a free of the stream is put off (``busy``) until the
-    wait ends."""
+    wait in progress, and no wait starts on a destroyed stream. It is re-entrant and knows the
+    thread holding it: code run on that thread during the wait (a gc callback, a signal handler)
+    may wait on the stream again, and frees nothing until the wait ends (runtime._waiting)."""
 
     __slots__ = ("address", "owned", "device", "wrapper", "lock", "destroyed", "_destroy_stream")
 
@@ -81,8 +80,11 @@ class StreamLife(Life):
         self.owned = destroy is not None
         self.device = device   # the device it belongs to; None for the default stream (each device has one)
         self.wrapper: Optional["weakref.ReferenceType[Stream]"] = None
-        self.lock = threading.RLock()
+        self.lock: Any = threading.RLock()   # (its _is_owned() tells a wait of this thread)
         self.destroyed = False
+        if self.owned:
+            with state.lock:
+                state.waited.add(self)
 
     def _destroy_after_waits(self, handle: Any) -> Optional[int]:
         assert self._destroy_stream is not None   # (owned)
@@ -91,7 +93,7 @@ class StreamLife(Life):
             return self._destroy_stream(handle)
 
     def busy(self) -> bool:
-        return self.lock._is_owned()   # type: ignore[attr-defined,no-any-return]
+        return bool(self.lock._is_owned())
 
     def wait(self) -> None:
         api = runtime_api()   # (first: in a forked child it refuses, before any lock is taken)

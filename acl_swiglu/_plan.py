@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from contextlib import suppress
 import weakref
 from types import TracebackType
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Type, TypeVar
@@ -240,6 +241,8 @@ class Plan:
         binding = self._binding
         assert binding is not None
         binding.bind(self._arrays)
+        self._point_launch()   # (what a rebind an exception cut short did not derive yet)
+        self._set_outputs()
         self._operator.description.guard(self._problem, self._arguments, self._signature.revision)
         order_launch(self._inputs_bound, self._outputs_bound, self.stream._life)
 
@@ -288,17 +291,24 @@ class Plan:
         arguments = {**self._arguments, **changes, **hosts}
         guarded = self._operator.description.guard(self._problem, arguments, signature.revision)
         bound = {**self._arrays, **changes}
-        self._checked_at = -1   # whatever happens from here, the next launch checks and points first
-        if new_hosts:
-            self._regroup(bound, {**{n: np.asarray(v, np.int64) for n, v in binding.host_values.items()}, **hosts})
-        else:
-            binding.bind(bound)
-        old = [self._arrays[name] for name in changes]
+        self._checked_at = -1   # whatever happens from here, the next launch binds, points and checks first
         for life in lives_of(changes.values()):
             self._use.add(life)
-        self._arrays, self._arguments, self._guarded = bound, arguments, guarded
-        self._use.drop(lives_of(a for a in old if all(a is not b for b in bound.values())))
+        if new_hosts:
+            binding = self._regroup(bound, {**{n: np.asarray(v, np.int64) for n, v in binding.host_values.items()},
+                                            **hosts})
+        else:
+            binding.bind(bound)
+        old, previous = [self._arrays[name] for name in changes], self._binding
+        # The rebind takes effect in this one statement: an exception before it leaves the plan as
+        # it was (the next launch binds its executor back to its arrays), after it as rebound.
+        self._arrays, self._arguments, self._guarded, self._binding = bound, arguments, guarded, binding
         self._set_outputs()
+        self._use.drop(lives_of(a for a in old if all(a is not b for b in bound.values())))
+        if previous is not None and previous is not binding:
+            self._point_launch()
+            self._use.drop((previous._life,))
+            previous.close()   # freed once the stream has passed the launches queued with it
 
     def _check_rebind(self, name: str, array: Any) -> None:
         previous = self._arrays.get(name)
@@ -312,19 +322,15 @@ class Plan:
             raise ArgumentError(f"{name} has layout (shape, dtype, strides, offset) {array.layout()}; the plan was "
                                 f"built for {previous.layout()}")
 
-    def _regroup(self, arrays: Mapping[str, DeviceArray], hosts: Mapping[str, np.ndarray]) -> None:
-        """New host values are read at phase 1: a new executor. The plan switches to it only once
-        it exists (and fits the plan's workspace), so a failure leaves the old one in use."""
+    def _regroup(self, arrays: Mapping[str, DeviceArray], hosts: Mapping[str, np.ndarray]) -> Binding:
+        """New host values are read at phase 1: a new executor, held by the plan, for the plan
+        to switch to (it must fit the plan's workspace)."""
         binding = Binding(self._operator, self._signature, arrays, hosts, self._scalars, views_of(self._problem))
         if binding.workspace_size > (0 if self._workspace is None else self._workspace.nbytes):
             binding.close()
             raise ArgumentError(f"the new {', '.join(hosts)} need a larger workspace; build another plan")
-        old, self._binding = self._binding, binding
         self._use.add(binding._life)
-        self._point_launch()
-        if old is not None:
-            self._use.drop((old._life,))
-            old.close()   # freed once the stream has passed the launches queued with it
+        return binding
 
     # -- end --
 
@@ -343,7 +349,10 @@ class Plan:
             if not self._closed:
                 self._closed = True
                 if self._binding is not None and not self.stream.closed:
-                    self.stream.synchronize()   # report a failure of queued work here
+                    # Reports a failure of queued work here. (Another thread may close the stream
+                    # just now: as if it had been closed before.)
+                    with suppress(HandleClosedError):
+                        self.stream.synchronize()
         finally:
             if lock._is_owned():
                 try:

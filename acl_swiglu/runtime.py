@@ -41,6 +41,7 @@ class _State:
         self.epoch = 0
         self._numbers = 0
         self.due: Set[Life] = set()   # closed lives not yet freed
+        self.waited: "weakref.WeakSet[Life]" = weakref.WeakSet()   # lives a thread may be waiting on (streams)
         # Lives whose owners were garbage-collected, appended by their finalizers (a C-level
         # append: a finalizer an exception interrupts has either recorded its life or not run).
         self.collected: List[Life] = []
@@ -81,12 +82,20 @@ class Life:
         """Streams override this: wait for the work queued on them."""
 
     def busy(self) -> bool:
-        """Streams override this: a thread is using the handle outside any Use (its wait)."""
+        """Streams override this: this thread is inside a wait on it."""
         return False
 
 
 def _held(life: Life) -> bool:
-    return life.busy() or any(use.active and not use.idle for use in life.holders)
+    return any(use.active and not use.idle for use in life.holders)
+
+
+def _waiting() -> bool:
+    """Whether this thread is inside a wait on a stream (running code it interrupted: a gc
+    callback, a signal handler). Frees, which may wait on streams themselves, are left to the end
+    of that wait: no thread waits for a stream while it holds another's wait."""
+    with state.lock:
+        return any(life.busy() for life in state.waited)
 
 
 def _next_due() -> Optional[Life]:
@@ -131,6 +140,8 @@ def release_due() -> None:
         return   # (nothing due; or not initialised, exited or forked: never ours to free)
     if getattr(_runtime.local, "generation", -1) != _runtime.generation and not _runtime.exiting:
         return
+    if _waiting():
+        return   # (the wait frees what is due when it ends)
     while state.due:
         life: Optional[Life] = None
         try:
@@ -447,6 +458,7 @@ def at_fork_in_child(hook: Callable[[], None]) -> None:
 def _after_fork_in_child() -> None:
     state.lock = threading.RLock()
     state.due = set()   # (the parent's handles are not this process's to free)
+    state.waited = weakref.WeakSet()
     del state.collected[:]
     _runtime.after_fork_in_child()
     _ffi._reset_after_fork()

@@ -347,6 +347,8 @@ TARGETS: Dict[str, Tuple[Callable[..., Any], List[Operation]]] = {
     "runtime._Runtime._initialise": (runtime._Runtime._initialise, [NewThread()]),
     "runtime._Runtime.set_device": (runtime._Runtime.set_device, [SetDevice()]),
     "runtime.Owned._prepare": (runtime.Owned._prepare, [Copies(), PlanBuild()]),
+    "runtime._waiting": (runtime._waiting, [Copies(), PlanBuild(), Collected()]),
+    "_device.StreamLife.__init__": (_device.StreamLife.__init__, [StreamLifecycle(), OneShot()]),
     "_device.StreamLife.wait": (_device.StreamLife.wait, [Copies(), DeviceCall()]),
     "_device.Stream.__init__": (_device.Stream.__init__, [StreamLifecycle(), OneShot()]),
     "_device.Stream.take_workspace": (_device.Stream.take_workspace, [StreamLifecycle(), DeviceCall()]),
