@@ -26,7 +26,7 @@ from ._checks import (ADDRESS_MAX, MAX_ALLOCATION, check_device_dtype, check_nby
 from ._dtypes import dtype_name
 from .errors import ArgumentError, HandleClosedError
 from .runtime import (Destroy, Life, Owned, Use, current_device, free_collected, in_forked_child,
-                      release_due, runtime_api, state)
+                      release_due, runtime_api, state, watch_waits)
 
 ACL_MEM_MALLOC_HUGE_FIRST = 0
 MEMCPY_HOST_TO_DEVICE = 1
@@ -83,8 +83,7 @@ class StreamLife(Life):
         self.lock: Any = threading.RLock()   # (its _is_owned() tells a wait of this thread)
         self.destroyed = False
         if self.owned:
-            with state.lock:
-                state.waited.add(self)
+            watch_waits(self)
 
     def _destroy_after_waits(self, handle: Any) -> Optional[int]:
         assert self._destroy_stream is not None   # (owned)

@@ -41,7 +41,8 @@ class _State:
         self.epoch = 0
         self._numbers = 0
         self.due: Set[Life] = set()   # closed lives not yet freed
-        self.waited: "weakref.WeakSet[Life]" = weakref.WeakSet()   # lives a thread may be waiting on (streams)
+        # References to the lives a thread may be waiting on (owned streams), each dropped with its life.
+        self.waited: "Set[weakref.ReferenceType[Life]]" = set()
         # Lives whose owners were garbage-collected, appended by their finalizers (a C-level
         # append: a finalizer an exception interrupts has either recorded its life or not run).
         self.collected: List[Life] = []
@@ -90,12 +91,21 @@ def _held(life: Life) -> bool:
     return any(use.active and not use.idle for use in life.holders)
 
 
+def watch_waits(life: Life) -> None:
+    """Lets _waiting see the waits on this life (an owned stream's)."""
+    waited = state.waited
+    waited.add(weakref.ref(life, waited.discard))
+
+
 def _waiting() -> bool:
-    """Whether this thread is inside a wait on a stream (running code it interrupted: a gc
-    callback, a signal handler). Frees, which may wait on streams themselves, are left to the end
-    of that wait: no thread waits for a stream while it holds another's wait."""
-    with state.lock:
-        return any(life.busy() for life in state.waited)
+    """Whether this thread is inside a wait on a stream (running code the wait let run: a gc
+    callback, a signal handler). Frees, which may wait for streams themselves, are left to the end
+    of that wait: no thread waits for a stream's lock while it holds another's."""
+    for reference in state.waited.copy():   # (a copy: code run meanwhile may add to it)
+        life = reference()
+        if life is not None and life.busy():
+            return True
+    return False
 
 
 def _next_due() -> Optional[Life]:
@@ -458,7 +468,7 @@ def at_fork_in_child(hook: Callable[[], None]) -> None:
 def _after_fork_in_child() -> None:
     state.lock = threading.RLock()
     state.due = set()   # (the parent's handles are not this process's to free)
-    state.waited = weakref.WeakSet()
+    state.waited = set()
     del state.collected[:]
     _runtime.after_fork_in_child()
     _ffi._reset_after_fork()
