@@ -94,6 +94,14 @@ class StreamLife(Life):
     def busy(self) -> bool:
         return bool(self.lock._is_owned())
 
+    def live_besides(self, other: Life) -> bool:
+        """False once destroyed (its work is done), or when `other` is the same native stream
+        (borrowed again): waiting on `other` then covers this one."""
+        if self.destroyed:
+            return False
+        return not (isinstance(other, StreamLife) and not self.owned and not other.owned
+                    and self.address.value == other.address.value and self.device == other.device)
+
     def wait(self) -> None:
         api = runtime_api()   # (first: in a forked child it refuses, before any lock is taken)
         if not self.owned:   # (the package never destroys a borrowed stream: no lock)
@@ -377,9 +385,10 @@ def record_launch(reads: Sequence["DeviceArray"], writes: Sequence["DeviceArray"
     changed = False
     with state.lock:
         for array in reads:
-            readers = array._access.readers
-            if stream not in readers:
-                readers.add(stream)
+            access = array._access
+            if stream not in access.readers:
+                access.readers = {reader for reader in access.readers if reader.live_besides(stream)}
+                access.readers.add(stream)
                 changed = True
         for array in writes:
             access = array._access

@@ -24,7 +24,7 @@ from ._device import DeviceArray, DeviceBuffer, Stream, lives_of, order_launch, 
 from ._operator import (Operator, Signature, check_open, device_arrays, host_lists, make_executor, preset_outputs,
                         stream_argument, views_of)
 from .errors import ArgumentError, HandleClosedError
-from .runtime import Owned, Use, _runtime, at_fork_in_child, in_forked_child, runtime_api, state
+from .runtime import Owned, Use, _runtime, at_fork_in_child, in_forked_child, release_due, runtime_api, state
 from .tensor import AclTensor, TensorView
 
 
@@ -237,9 +237,17 @@ class Plan:
     def _prepare(self) -> None:
         """Before a launch the epoch check did not clear: the bindings must be open and pointed
         at, the guard passed, and other streams' work on the arrays done."""
-        self._check_bindings()
         binding = self._binding
         assert binding is not None
+        stream = self.stream._life
+        held = [stream, binding._life, *lives_of(self._arrays.values())]
+        if self._workspace is not None:
+            held.append(self._workspace._life)
+        with state.lock:   # (exactly what the plan is bound to: what a rebind replaced is let go here)
+            self._use.hold_only(held, stream)
+        if state.due:
+            release_due()
+        self._check_bindings()
         binding.bind(self._arrays)
         self._point_launch()   # (what a rebind an exception cut short did not derive yet)
         self._set_outputs()
@@ -291,24 +299,18 @@ class Plan:
         arguments = {**self._arguments, **changes, **hosts}
         guarded = self._operator.description.guard(self._problem, arguments, signature.revision)
         bound = {**self._arrays, **changes}
-        self._checked_at = -1   # whatever happens from here, the next launch binds, points and checks first
-        for life in lives_of(changes.values()):
-            self._use.add(life)
+        self._checked_at = -1   # whatever happens from here, the next launch holds, binds and checks first
         if new_hosts:
             binding = self._regroup(bound, {**{n: np.asarray(v, np.int64) for n, v in binding.host_values.items()},
                                             **hosts})
         else:
-            binding.bind(bound)
-        old, previous = [self._arrays[name] for name in changes], self._binding
+            binding.bind(bound)   # (an address that cannot be read refuses the rebind here)
+        previous = self._binding
         # The rebind takes effect in this one statement: an exception before it leaves the plan as
-        # it was (the next launch binds its executor back to its arrays), after it as rebound.
+        # it was, after it as rebound (the next launch holds, binds and points at what it is bound to).
         self._arrays, self._arguments, self._guarded, self._binding = bound, arguments, guarded, binding
-        self._set_outputs()
-        self._use.drop(lives_of(a for a in old if all(a is not b for b in bound.values())))
         if previous is not None and previous is not binding:
-            self._point_launch()
-            self._use.drop((previous._life,))
-            previous.close()   # freed once the stream has passed the launches queued with it
+            previous.close()   # freed once the plan lets go of it and the stream has passed its launches
 
     def _check_rebind(self, name: str, array: Any) -> None:
         previous = self._arrays.get(name)
@@ -329,7 +331,6 @@ class Plan:
         if binding.workspace_size > (0 if self._workspace is None else self._workspace.nbytes):
             binding.close()
             raise ArgumentError(f"the new {', '.join(hosts)} need a larger workspace; build another plan")
-        self._use.add(binding._life)
         return binding
 
     # -- end --

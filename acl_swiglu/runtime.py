@@ -86,6 +86,10 @@ class Life:
         """Streams override this: this thread is inside a wait on it."""
         return False
 
+    def live_besides(self, other: "Life") -> bool:
+        """Streams override this: whether this stream's work is still to wait for once `other`'s is."""
+        return True
+
 
 def _held(life: Life) -> bool:
     return any(use.active and not use.idle for use in life.holders)
@@ -272,19 +276,12 @@ class Use:
         holders.add(self)
         stream = self.stream
         if stream is not None and stream is not life:
-            if life.streams is None:
+            streams = life.streams
+            if streams is None:
                 life.streams = {stream}
-            else:
+            elif stream not in streams:   # (streams destroyed since, or borrowed again, are dropped)
+                life.streams = {other for other in streams if other.live_besides(stream)}
                 life.streams.add(stream)
-
-    def drop(self, lives: Iterable[Life]) -> None:
-        """Ends the hold of some lives (the Use keeps the others)."""
-        dropped = set(lives)
-        with state.lock:
-            for life in dropped:
-                life.holders.discard(self)
-            self.lives = [life for life in self.lives if life not in dropped]
-        release_due()
 
     def let_go(self) -> None:
         """Ends the hold of every life in one store, as the finalizer of a collected owner does:

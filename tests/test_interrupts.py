@@ -419,7 +419,7 @@ RELEASES: Dict[str, Tuple[Callable[..., Any], List[Operation]]] = {
     "_plan.Plan.close": (_plan.Plan.close, [PlanClose(), PlanBuild()]),
     "_aclnn.release_cached": (_aclnn.release_cached, [ReleaseCached()]),
 }
-CLEANUP = {"runtime.Use.drop", "runtime.Use.let_go", "runtime._free", "runtime._next_due", "runtime._mark_closed",
+CLEANUP = {"runtime.Use.let_go", "runtime._free", "runtime._next_due", "runtime._mark_closed",
            "runtime._Runtime.disown"}
 
 

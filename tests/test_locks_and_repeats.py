@@ -15,6 +15,7 @@ import inspect
 import os
 import sys
 import threading
+import weakref
 
 import numpy as np
 import pytest
@@ -104,8 +105,8 @@ def owned():
 # ---- plans: a rebind that an interrupt cuts short leaves the plan wholly as it was or wholly rebound ----
 
 
-_REBIND_LINES = ["binding = self._regroup(", "old, previous = ", "self._set_outputs()", "self._point_launch()",
-                 "previous.close()"]
+_REBIND_LINES = ["binding = self._regroup(", "previous = self._binding", "self._arrays, self._arguments",
+                 "if previous is not None", "previous.close()"]
 
 
 @pytest.mark.parametrize("line", _REBIND_LINES)
@@ -154,6 +155,100 @@ def test_a_rebind_of_arrays_and_group_index_interrupted_then_repeated_computes_t
     assert same_bits(gx.to_numpy(), new[0]) and same_bits(gw.to_numpy(), new[1])
     gx, gw = plan(*d1, group_index=[2, 3], synchronize=True)
     assert same_bits(gx.to_numpy(), old[0]) and same_bits(gw.to_numpy(), old[1])
+
+
+def _live_handles():
+    acl_swiglu.release_cached()
+    gc.collect()
+    acl_swiglu.release_cached()
+    return emulator.live_counts()
+
+
+# Before the one statement a rebind takes effect in, and after it.
+_COMMIT_SIDES = ["previous = self._binding", "if previous is not None"]
+
+
+@pytest.mark.parametrize("line", _COMMIT_SIDES)
+@pytest.mark.parametrize("abi", [1], indirect=True)
+def test_group_index_rebinds_interrupted_again_and_again_hold_no_extra_executor(abi, owned, line):
+    gy, x, w, yo = _grouped()
+    d = [owned(acl_swiglu.to_device(a)) for a in (gy, x, w, yo)]
+    stream = owned(acl_swiglu.Stream())
+    plan = owned(acl_swiglu.SwigluGroupQuantGradPlan(*d, [2, 3], CLAMP, stream=stream))
+    plan(synchronize=True)
+    before = _live_handles()
+    for turn in range(5):
+        with _at_line(_plan.Plan._rebind, line, _interrupt) as fired:
+            with pytest.raises(KeyboardInterrupt):
+                plan(group_index=[1 + turn % 2, 2], synchronize=True)
+        assert fired
+    gx, gw = plan(group_index=[2, 3], synchronize=True)
+    old = model(gy, x, w, yo, np.array([2, 3], np.int64), CLAMP)
+    assert same_bits(gx.to_numpy(), old[0]) and same_bits(gw.to_numpy(), old[1])
+    assert _live_handles() == before   # one executor and its tensors, as before the interrupts
+
+
+@pytest.mark.parametrize("line", _COMMIT_SIDES)
+def test_arrays_an_interrupted_rebind_left_unbound_are_freed_when_closed(owned, line):
+    (gy, x), (gy2, x2) = case(ROWS, HIDDEN, seed=4), case(ROWS, HIDDEN, seed=5)
+    first = [owned(acl_swiglu.to_device(a)) for a in (gy, x)]
+    second = [owned(acl_swiglu.to_device(a)) for a in (gy2, x2)]
+    stream = owned(acl_swiglu.Stream())
+    plan = owned(acl_swiglu.SwigluGroupQuantGradPlan(*first, clamp_limit=CLAMP, stream=stream))
+    plan(synchronize=True)
+    with _at_line(_plan.Plan._rebind, line, _interrupt) as fired:
+        with pytest.raises(KeyboardInterrupt):
+            plan(*second, synchronize=True)
+    assert fired
+    gx, _ = plan(synchronize=True)
+    rebound = line != _COMMIT_SIDES[0]
+    assert same_bits(gx.to_numpy(), want(gy2, x2) if rebound else want(gy, x))
+    unbound = first if rebound else second
+    before = _live_handles()["allocation"]
+    for array in unbound:
+        array.close()
+    assert _live_handles()["allocation"] == before - 2
+
+
+# ---- streams: what a destroyed stream leaves behind ----
+
+
+def test_arrays_read_on_many_short_lived_streams_keep_none_of_them(owned):
+    gy, x = case(ROWS, HIDDEN, seed=1)
+    d_gy, d_x = owned(acl_swiglu.to_device(gy)), owned(acl_swiglu.to_device(x))
+    out = owned(acl_swiglu.DeviceArray.empty(x.shape, np.float32))
+    gc.collect()
+    streams_before = emulator.live_counts()["stream"]
+    watched = []
+    for _ in range(200):
+        with acl_swiglu.Stream() as stream:
+            watched.append(weakref.ref(stream._life))
+            acl_swiglu.swiglu_group_quant_grad_device(d_gy, d_x, clamp_limit=CLAMP, grad_x=out, stream=stream)
+    _live_handles()
+    assert same_bits(out.to_numpy(), want(gy, x))
+    assert emulator.live_counts()["stream"] == streams_before
+    kept = sum(reference() is not None for reference in watched)
+    # (the last two: the last one read the arrays, and the one before was destroyed only after
+    # the last call had recorded it)
+    assert kept <= 2, f"{kept} of 200 destroyed streams are still referenced"
+
+
+def test_a_stream_borrowed_again_for_each_call_is_one_reader(owned):
+    gy, x = case(ROWS, HIDDEN, seed=2)
+    d_gy, d_x = owned(acl_swiglu.to_device(gy)), owned(acl_swiglu.to_device(x))
+    out = owned(acl_swiglu.DeviceArray.empty(x.shape, np.float32))
+    native = owned(acl_swiglu.Stream())
+    watched = []
+    for _ in range(50):
+        borrowed = acl_swiglu.Stream.from_handle(native.handle)
+        watched.append(weakref.ref(borrowed._life))
+        acl_swiglu.swiglu_group_quant_grad_device(d_gy, d_x, clamp_limit=CLAMP, grad_x=out, stream=borrowed)
+        del borrowed
+    _live_handles()
+    kept = sum(reference() is not None for reference in watched)
+    assert kept <= 2, f"{kept} of 50 wrappers of one stream are still referenced"
+    d_gy.copy_from(np.zeros_like(gy))   # (waits for the queued readers first)
+    assert same_bits(out.to_numpy(), want(gy, x))
 
 
 # ---- plans: close() while another thread closes the plan's stream ----
