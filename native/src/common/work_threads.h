@@ -11,18 +11,18 @@
 #include <stdint.h>
 
 /* Rows below this many elements per thread are not worth a thread. */
-#define KERNEL_MIN_ELEMENTS_PER_THREAD ((int64_t)1 << 16)
+#define KERNEL_MIN_ELEMENTS_PER_THREAD ((uint64_t)1 << 16)
 #define WORK_MAX_THREADS 256
 
-/* The threads a launch of `rows` rows and `elements` elements uses: the number asked for, within
- * [1, WORK_MAX_THREADS], no more than the elements make worth it and no more than the rows. */
-static inline int kernel_thread_count(int threads, int64_t elements, int64_t rows)
+/* The threads a piece of work of `units` units uses: the number asked for, within
+ * [1, WORK_MAX_THREADS], no more than give each thread `min_per_thread` units, and no more than
+ * `parts` (the pieces it cannot split: a launch's rows). */
+static inline int work_thread_count(int threads, uint64_t units, uint64_t min_per_thread, uint64_t parts)
 {
-    int64_t useful = elements / KERNEL_MIN_ELEMENTS_PER_THREAD;
-    if (threads < 1) threads = 1;
+    uint64_t useful = units / min_per_thread;
+    if (useful > parts) useful = parts;
     if (threads > WORK_MAX_THREADS) threads = WORK_MAX_THREADS;
-    if (threads > useful) threads = useful > 1 ? (int)useful : 1;
-    if (threads > rows) threads = (int)rows;
+    if (threads < 1 || (uint64_t)threads > useful) threads = useful > 1 ? (int)useful : 1;
     return threads;
 }
 

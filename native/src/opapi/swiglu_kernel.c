@@ -388,7 +388,8 @@ int swiglu_kernel_run(const swiglu_kernel_args *args, int threads, swiglu_kernel
     }
     const kernel_impl *impl = &table[io];
     int64_t trunc = swiglu_trunc(args);
-    threads = kernel_thread_count(threads, args->rows * (args->hidden > 0 ? args->hidden : 1), args->rows);
+    threads = work_thread_count(threads, (uint64_t)(args->rows * (args->hidden > 0 ? args->hidden : 1)),
+                                KERNEL_MIN_ELEMENTS_PER_THREAD, (uint64_t)args->rows);
 
     int64_t tile = args->hidden;
     if (args->has_weight) {

@@ -299,7 +299,8 @@ int swiglu_quant_run(const swiglu_quant_args *args, int threads, swiglu_kernel_v
     const int fp4 = args->dst == ACL_FLOAT4_E2M1 || args->dst == ACL_FLOAT4_E1M2;
     const int y_contiguous = view_contiguous(&args->y);
     const int scale_contiguous = view_contiguous(&args->y_scale);
-    threads = kernel_thread_count(threads, trunc * args->hidden, trunc);
+    threads = work_thread_count(threads, (uint64_t)(trunc * args->hidden), KERNEL_MIN_ELEMENTS_PER_THREAD,
+                                (uint64_t)trunc);
     /* Rows of a FLOAT4 y that do not start on a byte share bytes: one thread writes them all. */
     if (fp4 && !(y_contiguous && args->y.offset % 2 == 0)) threads = 1;
 

@@ -36,11 +36,7 @@ static void *run_range(void *arg)
 
 static int bulk_thread_count(size_t count)
 {
-    size_t useful = count / BULK_MIN_BYTES_PER_THREAD;
-    int threads = aclEmu_thread_count();
-    if (threads > WORK_MAX_THREADS) threads = WORK_MAX_THREADS;
-    if ((size_t)threads > useful) threads = useful > 1 ? (int)useful : 1;
-    return threads;
+    return work_thread_count(aclEmu_thread_count(), count, BULK_MIN_BYTES_PER_THREAD, UINT64_MAX);
 }
 
 static void bulk(unsigned char *dst, const unsigned char *src, int byte, size_t count, int threads)
