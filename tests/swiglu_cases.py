@@ -15,7 +15,8 @@ import subprocess
 import sys
 import textwrap
 import threading
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from contextlib import contextmanager
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pytest
@@ -198,6 +199,33 @@ class RiggedStream(acl_swiglu.Stream):
         if action is not None:
             action()
         super().synchronize()
+
+
+@contextmanager
+def at_line(code: Any, line: int, action: Callable[[Any], None], threads: bool = False) -> Iterator[List[bool]]:
+    """While active, runs action(frame) once: the first time `code` reaches `line` (a line number
+    in its file), on this thread (and, with threads=True, on threads started meanwhile). Yields a
+    list that holds True once it has run."""
+    fired: List[bool] = []
+
+    def local(frame: Any, event: str, arg: Any) -> Any:
+        if event == "line" and frame.f_lineno == line and not fired:
+            fired.append(True)
+            action(frame)
+        return local
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        return local if frame.f_code is code and not fired else None
+
+    sys.settrace(tracer)
+    if threads:
+        threading.settrace(tracer)
+    try:
+        yield fired
+    finally:
+        sys.settrace(None)
+        if threads:
+            threading.settrace(None)   # type: ignore[arg-type]
 
 
 def raiser(exc: BaseException) -> Callable[[], None]:

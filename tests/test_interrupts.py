@@ -32,7 +32,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 import device_model  # noqa: E402
-from swiglu_cases import on_thread  # noqa: E402
+from swiglu_cases import at_line, on_thread  # noqa: E402
 
 import acl_swiglu  # noqa: E402
 from acl_swiglu import _aclnn, _arena, _device, _operator, _plan, emulator, runtime, tensor  # noqa: E402
@@ -445,29 +445,19 @@ def _interruptible_lines(function: Callable[..., Any]) -> List[int]:
     return sorted(first - 1 + line for line in wanted)
 
 
+def _raise_interrupt(frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def _run_interrupted(code, line: int, action: Callable[[], Any]) -> bool:
-    """Runs action() raising KeyboardInterrupt when `code` first reaches `line`; whether it fired."""
-    fired: List[bool] = []
-
-    def local(frame, event, arg):
-        if event == "line" and frame.f_lineno == line and not fired:
-            fired.append(True)
-            raise KeyboardInterrupt
-        return local
-
-    def tracer(frame, event, arg):
-        return local if frame.f_code is code and not fired else None
-
-    sys.settrace(tracer)
-    threading.settrace(tracer)   # (threads the action starts, too)
-    try:
-        action()
-    except KeyboardInterrupt:
-        if not fired:
-            raise
-    finally:
-        sys.settrace(None)
-        threading.settrace(None)   # type: ignore[arg-type]
+    """Runs action() raising KeyboardInterrupt when `code` first reaches `line` (also on threads
+    the action starts); whether it fired."""
+    with at_line(code, line, _raise_interrupt, threads=True) as fired:
+        try:
+            action()
+        except KeyboardInterrupt:
+            if not fired:
+                raise
     return bool(fired)
 
 

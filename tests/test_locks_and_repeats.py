@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import gc
 import inspect
-import os
-import sys
 import threading
 import weakref
 
@@ -23,7 +21,8 @@ import pytest
 import acl_swiglu
 from acl_swiglu import _device, _plan, emulator, errors
 
-from swiglu_cases import (CLAMP, JOIN_TIMEOUT, Rigged, case, model, run_child, run_threads, same_bits, want)
+from swiglu_cases import (CLAMP, JOIN_TIMEOUT, Rigged, at_line, case, model, run_child, run_threads, same_bits,
+                          want)
 
 pytestmark = pytest.mark.emulator_only
 
@@ -42,29 +41,7 @@ def _line_of(function, text):
 def _at_line(function, text, action):
     """A context manager: while active, runs action(frame) once, the first time `function`
     reaches the line containing `text` (on this thread)."""
-    code = function.__code__
-    line = _line_of(function, text)
-    fired = []
-
-    def local(frame, event, arg):
-        if event == "line" and frame.f_lineno == line and not fired:
-            fired.append(True)
-            action(frame)
-        return local
-
-    def tracer(frame, event, arg):
-        return local if frame.f_code is code and not fired else None
-
-    class _Ctx:
-        def __enter__(self):
-            sys.settrace(tracer)
-            return fired
-
-        def __exit__(self, *exc):
-            sys.settrace(None)
-            return False
-
-    return _Ctx()
+    return at_line(function.__code__, _line_of(function, text), action)
 
 
 def _interrupt(frame):
