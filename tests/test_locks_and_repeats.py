@@ -82,6 +82,15 @@ def owned():
 # ---- plans: a rebind that an interrupt cuts short leaves the plan wholly as it was or wholly rebound ----
 
 
+def _grouped_plan(owned, host):
+    """A revision-1 plan over these host arrays' copies and group_index [2, 3], called once, and
+    those device arrays."""
+    arrays = [owned(acl_swiglu.to_device(a)) for a in host]
+    plan = owned(acl_swiglu.SwigluGroupQuantGradPlan(*arrays, [2, 3], CLAMP, stream=owned(acl_swiglu.Stream())))
+    plan(synchronize=True)
+    return plan, arrays
+
+
 _REBIND_LINES = ["binding = self._regroup(", "previous = self._binding", "self._arrays, self._arguments",
                  "if previous is not None", "previous.close()"]
 
@@ -90,10 +99,7 @@ _REBIND_LINES = ["binding = self._regroup(", "previous = self._binding", "self._
 @pytest.mark.parametrize("abi", [1], indirect=True)
 def test_a_group_index_rebind_interrupted_at_any_step_is_all_or_nothing(abi, owned, line):
     gy, x, w, yo = _grouped()
-    d = [owned(acl_swiglu.to_device(a)) for a in (gy, x, w, yo)]
-    stream = owned(acl_swiglu.Stream())
-    plan = owned(acl_swiglu.SwigluGroupQuantGradPlan(*d, [2, 3], CLAMP, stream=stream))
-    plan(synchronize=True)
+    plan, _ = _grouped_plan(owned, (gy, x, w, yo))
     old = model(gy, x, w, yo, np.array([2, 3], np.int64), CLAMP)
     new = model(gy, x, w, yo, np.array([1, 2], np.int64), CLAMP)
     with _at_line(_plan.Plan._rebind, line, _interrupt) as fired:
@@ -114,11 +120,8 @@ def test_a_group_index_rebind_interrupted_at_any_step_is_all_or_nothing(abi, own
 @pytest.mark.parametrize("abi", [1], indirect=True)
 def test_a_rebind_of_arrays_and_group_index_interrupted_then_repeated_computes_the_new_ones(abi, owned, line):
     first, second = _grouped(31), _grouped(32)
-    d1 = [owned(acl_swiglu.to_device(a)) for a in first]
+    plan, d1 = _grouped_plan(owned, first)
     d2 = [owned(acl_swiglu.to_device(a)) for a in second]
-    stream = owned(acl_swiglu.Stream())
-    plan = owned(acl_swiglu.SwigluGroupQuantGradPlan(*d1, [2, 3], CLAMP, stream=stream))
-    plan(synchronize=True)
     old = model(*first, np.array([2, 3], np.int64), CLAMP)
     new = model(*second, np.array([1, 2], np.int64), CLAMP)
     with _at_line(_plan.Plan._rebind, line, _interrupt) as fired:
@@ -149,10 +152,7 @@ _COMMIT_SIDES = ["previous = self._binding", "if previous is not None"]
 @pytest.mark.parametrize("abi", [1], indirect=True)
 def test_group_index_rebinds_interrupted_again_and_again_hold_no_extra_executor(abi, owned, line):
     gy, x, w, yo = _grouped()
-    d = [owned(acl_swiglu.to_device(a)) for a in (gy, x, w, yo)]
-    stream = owned(acl_swiglu.Stream())
-    plan = owned(acl_swiglu.SwigluGroupQuantGradPlan(*d, [2, 3], CLAMP, stream=stream))
-    plan(synchronize=True)
+    plan, _ = _grouped_plan(owned, (gy, x, w, yo))
     before = _live_handles()
     for turn in range(5):
         with _at_line(_plan.Plan._rebind, line, _interrupt) as fired:
