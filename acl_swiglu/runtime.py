@@ -544,11 +544,6 @@ class Owned:
         self._life = self._make_life(None, handle)
 
     @property
-    def _handle(self) -> Any:
-        life = self._life
-        return None if life.closed else life.handle
-
-    @property
     def closed(self) -> bool:
         """True once close() was called (or the handle was handed over to its new owner)."""
         return self._life.closed

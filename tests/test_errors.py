@@ -841,7 +841,7 @@ def test_an_ignored_cleanup_failure_leaves_no_text_for_the_next_error():
     _ffi.drop_message(api.get_message)   # start from a clean slate
     with acl_swiglu.to_device(np.ones((2, 4), np.float32)) as array:
         tensor = AclTensor(array)
-        handle = tensor._handle
+        handle = tensor._as_parameter_
         with emulator.inject_faults("aclDestroyTensor:1:507000,aclrtMalloc:1:207001"):
             tensor.close()   # the free fails: nothing can act on it, and its text is dropped
             with pytest.raises(errors.AclErrorRtMemoryAllocation) as info:
