@@ -71,7 +71,7 @@ class StreamLife(Life):
     thread holding it: code run on that thread during the wait (a gc callback, a signal handler)
     may wait on the stream again, and frees nothing until the wait ends (runtime._waiting)."""
 
-    __slots__ = ("address", "owned", "device", "wrapper", "lock", "destroyed", "_destroy_stream")
+    __slots__ = ("address", "owned", "device", "wrapper", "lock", "destroyed", "owner", "_destroy_stream")
 
     def __init__(self, destroy: Optional[Destroy], handle: Any, device: Optional[int]) -> None:
         super().__init__(None if destroy is None else self._destroy_after_waits, handle)
@@ -82,14 +82,15 @@ class StreamLife(Life):
         self.wrapper: Optional["weakref.ReferenceType[Stream]"] = None
         self.lock: Any = threading.RLock()   # (its _is_owned() tells a wait of this thread)
         self.destroyed = False
+        self.owner: Optional[StreamLife] = None   # a borrowed wrapper's: the package's own stream it wraps
         if self.owned:
             watch_waits(self)
 
     def _destroy_after_waits(self, handle: Any) -> Optional[int]:
         assert self._destroy_stream is not None   # (owned)
-        with self.lock:
-            self.destroyed = True
-            return self._destroy_stream(handle)
+        with self.lock:   # (destroyed once the destroy ran the queued work: a failed one leaves the stream as it was)
+            self.destroyed = (status := self._destroy_stream(handle)) == 0
+            return status
 
     def busy(self) -> bool:
         return bool(self.lock._is_owned())
@@ -97,12 +98,14 @@ class StreamLife(Life):
     def live_besides(self, other: Life) -> bool:
         """False once destroyed (its work is done), or when `other` is the same native stream
         (borrowed again): waiting on `other` then covers this one."""
-        if self.destroyed:
+        if (self.owner or self).destroyed:
             return False
         return not (isinstance(other, StreamLife) and not self.owned and not other.owned
                     and self.address.value == other.address.value and self.device == other.device)
 
     def wait(self) -> None:
+        if self.owner is not None:
+            return self.owner.wait()   # (destroyed by the package: its work is done)
         api = runtime_api()   # (first: in a forked child it refuses, before any lock is taken)
         if not self.owned:   # (the package never destroys a borrowed stream: no lock)
             status = api.hot.aclrtSynchronizeStream(self.address)
@@ -133,6 +136,8 @@ class Stream(Owned):
         api.aclrtCreateStream(ctypes.byref(handle))
         self._address = ctypes.c_void_p(ctypes.cast(handle, ctypes.c_void_p).value)
         self._life.address = self._address
+        with state.lock:
+            _owned_streams[self._address.value or 0] = self._life
 
     def _make_life(self, destroy: Optional[Destroy], handle: Any) -> StreamLife:
         life = StreamLife(destroy, handle, self._device)
@@ -154,7 +159,13 @@ class Stream(Owned):
         """Borrows a foreign aclrtStream (an int address) of the thread's current device; close()
         does not destroy it."""
         address = whole_number(handle, "stream handle", 0, ADDRESS_MAX)
-        return cls._borrowed(address, current_device() if address else None)
+        with state.lock:
+            owner = _owned_streams.get(address) if address else None
+        if owner is not None and owner.destroyed:
+            owner = None
+        stream = cls._borrowed(address, owner.device if owner is not None else current_device() if address else None)
+        stream._life.owner = owner
+        return stream
 
     @property
     def handle(self) -> int:
@@ -214,6 +225,9 @@ class Stream(Owned):
 
 
 _default_stream: Optional[Stream] = None
+# The package's own streams by address: a borrowed wrapper of one waits through it (the package
+# knows when it destroyed it).
+_owned_streams: "weakref.WeakValueDictionary[int, StreamLife]" = weakref.WeakValueDictionary()
 
 
 def default_stream() -> Stream:
@@ -242,7 +256,8 @@ class DeviceBuffer(Owned):
         ptr = ctypes.c_void_p()
         self._prepare(api.raw.aclrtFree, ptr, current_device())
         api.aclrtMalloc(ctypes.byref(ptr), self.nbytes, ACL_MEM_MALLOC_HUGE_FIRST)
-        self._access = access_of(ptr.value or 0)
+        with state.lock:   # (fresh memory: no record of what was freed at this address before)
+            self._access = _accesses[ptr.value or 0] = Access()
 
     @classmethod
     def wrap(cls, ptr: int, nbytes: int) -> "DeviceBuffer":

@@ -140,6 +140,7 @@ class Plan:
         self._closed = False
         self._checked_at = -1   # the epoch the plan last checked its bindings at (-1: check first)
         self._binding: Optional[Binding] = None
+        self._retired: List[Optional[Binding]] = []   # executors rebinds replaced, closed before the next launch
         self._workspace: Optional[DeviceBuffer] = None
         self._owned_outputs: List[DeviceArray] = []
         self._use = Use((self.stream._life,), self.stream._life)   # what the plan holds, until close() or collection
@@ -237,6 +238,7 @@ class Plan:
     def _prepare(self) -> None:
         """Before a launch the epoch check did not clear: the bindings must be open and pointed
         at, the guard passed, and other streams' work on the arrays done."""
+        self._close_retired()
         binding = self._binding
         assert binding is not None
         stream = self.stream._life
@@ -253,6 +255,15 @@ class Plan:
         self._set_outputs()
         self._operator.description.guard(self._problem, self._arguments, self._signature.revision)
         order_launch(self._inputs_bound, self._outputs_bound, self.stream._life)
+
+    def _close_retired(self) -> None:
+        """Closes the executors rebinds replaced (each freed once the plan lets go of it and the
+        stream has passed its launches)."""
+        while self._retired:
+            retired = self._retired[-1]
+            if retired is not None:
+                retired.close()
+            self._retired.pop()
 
     def _check_bindings(self) -> None:
         """The plan, every bound array, and the stream must still be open."""
@@ -305,12 +316,12 @@ class Plan:
                                             **hosts})
         else:
             binding.bind(bound)   # (an address that cannot be read refuses the rebind here)
-        previous = self._binding
+        retired = self._retired if binding is self._binding else [*self._retired, self._binding]
         # The rebind takes effect in this one statement: an exception before it leaves the plan as
-        # it was, after it as rebound (the next launch holds, binds and points at what it is bound to).
-        self._arrays, self._arguments, self._guarded, self._binding = bound, arguments, guarded, binding
-        if previous is not None and previous is not binding:
-            previous.close()   # freed once the plan lets go of it and the stream has passed its launches
+        # it was, after it as rebound (the next launch closes the executor it replaced, holds,
+        # binds and points at what the plan is bound to).
+        self._arrays, self._arguments, self._guarded, self._binding, self._retired = \
+            bound, arguments, guarded, binding, retired
 
     def _check_rebind(self, name: str, array: Any) -> None:
         previous = self._arrays.get(name)
@@ -364,6 +375,7 @@ class Plan:
 
     def _release(self) -> None:
         """What close() frees, under the plan's lock; each step can be made again."""
+        self._close_retired()
         if self._binding is not None:
             self._binding.close()
         for array in self._owned_outputs:

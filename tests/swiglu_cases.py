@@ -8,6 +8,7 @@ outcome depends on how fast the machine is.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import signal
@@ -199,6 +200,15 @@ class RiggedStream(acl_swiglu.Stream):
         if action is not None:
             action()
         super().synchronize()
+
+
+def line_of(function: Any, text: str) -> int:
+    """The line number (in its file) of the first line of `function` that contains `text`."""
+    lines, first = inspect.getsourcelines(function)
+    for index, line in enumerate(lines):
+        if text in line:
+            return first + index
+    raise AssertionError(f"{text!r} not found in {function.__qualname__}")
 
 
 @contextmanager

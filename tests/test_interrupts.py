@@ -247,6 +247,28 @@ class Copies(Operation):
         return None if np.array_equal(self.run(ctx), CASE[0] * 2) else "wrong values"
 
 
+class Borrowed(Operation):
+    """A framework's stream and memory: a stream borrowed by its handle and arrays wrapped by
+    address, used by a device-level call."""
+
+    def setup(self, stack):
+        arrays, groups = _device_arrays(stack, 2)
+        return arrays, groups, stack.enter_context(acl_swiglu.Stream())
+
+    def run(self, ctx):
+        arrays, groups, owner = ctx
+        stream = acl_swiglu.Stream.from_handle(owner.handle)
+        wrapped = [acl_swiglu.DeviceArray.wrap(a.ptr, a.shape, a.dtype) for a in arrays]
+        gx, gw = acl_swiglu.swiglu_group_quant_grad_device(*wrapped, groups, CLAMP, stream=stream)
+        with gx, gw:
+            stream.synchronize()
+            return gx.to_numpy(), gw.to_numpy()
+
+    def check(self, ctx):
+        gx, gw = self.run(ctx)
+        return None if _same(gx, WANT[0]) and _same(gw, WANT[1]) else "wrong bits"
+
+
 class StreamLifecycle(Operation):
     """A stream made, its pooled workspace taken by a call, the workspace released, the stream
     closed."""
@@ -356,7 +378,8 @@ TARGETS: Dict[str, Tuple[Callable[..., Any], List[Operation]]] = {
     "_device.DeviceBuffer.__init__": (_device.DeviceBuffer.__init__, [Copies(), DeviceCall(allocate=True)]),
     "_device.DeviceBuffer._copy": (_device.DeviceBuffer._copy, [Copies()]),
     "_device.layout_id": (_device.layout_id, [Copies()]),
-    "_device.access_of": (_device.access_of, [Copies()]),
+    "_device.access_of": (_device.access_of, [Borrowed()]),
+    "_device.Stream.from_handle": (_device.Stream.from_handle, [Borrowed()]),
     "_device.order_launch": (_device.order_launch, [DeviceCall(), PlanCall(rebind=True)]),
     "_device.record_launch": (_device.record_launch, [DeviceCall(), PlanCall(rebind=True)]),
     "_device.DeviceArray.wait_for_access": (_device.DeviceArray.wait_for_access, [Copies()]),

@@ -11,7 +11,7 @@ timeout, and scenarios that could deadlock run in a child process.
 from __future__ import annotations
 
 import gc
-import inspect
+import sys
 import threading
 import weakref
 
@@ -21,27 +21,18 @@ import pytest
 import acl_swiglu
 from acl_swiglu import _device, _plan, emulator, errors
 
-from swiglu_cases import (CLAMP, JOIN_TIMEOUT, Rigged, at_line, case, model, run_child, run_threads, same_bits,
-                          want)
+from swiglu_cases import (CLAMP, JOIN_TIMEOUT, Rigged, at_line, case, line_of, model, run_child, run_threads,
+                          same_bits, want)
 
 pytestmark = pytest.mark.emulator_only
 
 ROWS, HIDDEN = 6, 16
 
 
-def _line_of(function, text):
-    """The line number (in the file) of the first line of `function` containing `text`."""
-    lines, first = inspect.getsourcelines(function)
-    for index, line in enumerate(lines):
-        if text in line:
-            return first + index
-    raise AssertionError(f"{text!r} not found in {function.__qualname__}")
-
-
 def _at_line(function, text, action):
     """A context manager: while active, runs action(frame) once, the first time `function`
     reaches the line containing `text` (on this thread)."""
-    return at_line(function.__code__, _line_of(function, text), action)
+    return at_line(function.__code__, line_of(function, text), action)
 
 
 def _interrupt(frame):
@@ -91,18 +82,21 @@ def _grouped_plan(owned, host):
     return plan, arrays
 
 
-_REBIND_LINES = ["binding = self._regroup(", "previous = self._binding", "self._arrays, self._arguments",
-                 "if previous is not None", "previous.close()"]
+# Steps of a rebind: in _rebind up to the statement it takes effect in, then the next launch's
+# _prepare (closing the executor it replaced, holding and binding what the plan is bound to).
+_REBIND_LINES = [(_plan.Plan._rebind, "binding = self._regroup("), (_plan.Plan._rebind, "retired = self._retired"),
+                 (_plan.Plan._rebind, "self._arrays, self._arguments"), (_plan.Plan._prepare, "self._close_retired()"),
+                 (_plan.Plan._prepare, "self._use.hold_only(")]
 
 
-@pytest.mark.parametrize("line", _REBIND_LINES)
+@pytest.mark.parametrize("line", _REBIND_LINES, ids=lambda line: line[1])
 @pytest.mark.parametrize("abi", [1], indirect=True)
 def test_a_group_index_rebind_interrupted_at_any_step_is_all_or_nothing(abi, owned, line):
     gy, x, w, yo = _grouped()
     plan, _ = _grouped_plan(owned, (gy, x, w, yo))
     old = model(gy, x, w, yo, np.array([2, 3], np.int64), CLAMP)
     new = model(gy, x, w, yo, np.array([1, 2], np.int64), CLAMP)
-    with _at_line(_plan.Plan._rebind, line, _interrupt) as fired:
+    with _at_line(*line, _interrupt) as fired:
         with pytest.raises(KeyboardInterrupt):
             plan(group_index=[1, 2], synchronize=True)
     assert fired
@@ -116,7 +110,7 @@ def test_a_group_index_rebind_interrupted_at_any_step_is_all_or_nothing(abi, own
     assert same_bits(gx.to_numpy(), old[0]) and same_bits(gw.to_numpy(), old[1])
 
 
-@pytest.mark.parametrize("line", _REBIND_LINES)
+@pytest.mark.parametrize("line", _REBIND_LINES, ids=lambda line: line[1])
 @pytest.mark.parametrize("abi", [1], indirect=True)
 def test_a_rebind_of_arrays_and_group_index_interrupted_then_repeated_computes_the_new_ones(abi, owned, line):
     first, second = _grouped(31), _grouped(32)
@@ -124,7 +118,7 @@ def test_a_rebind_of_arrays_and_group_index_interrupted_then_repeated_computes_t
     d2 = [owned(acl_swiglu.to_device(a)) for a in second]
     old = model(*first, np.array([2, 3], np.int64), CLAMP)
     new = model(*second, np.array([1, 2], np.int64), CLAMP)
-    with _at_line(_plan.Plan._rebind, line, _interrupt) as fired:
+    with _at_line(*line, _interrupt) as fired:
         with pytest.raises(KeyboardInterrupt):
             plan(*d2, group_index=[1, 2], synchronize=True)
     assert fired
@@ -145,17 +139,17 @@ def _live_handles():
 
 
 # Before the one statement a rebind takes effect in, and after it.
-_COMMIT_SIDES = ["previous = self._binding", "if previous is not None"]
+_COMMIT_SIDES = [(_plan.Plan._rebind, "retired = self._retired"), (_plan.Plan._prepare, "self._close_retired()")]
 
 
-@pytest.mark.parametrize("line", _COMMIT_SIDES)
+@pytest.mark.parametrize("line", _COMMIT_SIDES, ids=lambda line: line[1])
 @pytest.mark.parametrize("abi", [1], indirect=True)
 def test_group_index_rebinds_interrupted_again_and_again_hold_no_extra_executor(abi, owned, line):
     gy, x, w, yo = _grouped()
     plan, _ = _grouped_plan(owned, (gy, x, w, yo))
     before = _live_handles()
     for turn in range(5):
-        with _at_line(_plan.Plan._rebind, line, _interrupt) as fired:
+        with _at_line(*line, _interrupt) as fired:
             with pytest.raises(KeyboardInterrupt):
                 plan(group_index=[1 + turn % 2, 2], synchronize=True)
         assert fired
@@ -165,7 +159,7 @@ def test_group_index_rebinds_interrupted_again_and_again_hold_no_extra_executor(
     assert _live_handles() == before   # one executor and its tensors, as before the interrupts
 
 
-@pytest.mark.parametrize("line", _COMMIT_SIDES)
+@pytest.mark.parametrize("line", _COMMIT_SIDES, ids=lambda line: line[1])
 def test_arrays_an_interrupted_rebind_left_unbound_are_freed_when_closed(owned, line):
     (gy, x), (gy2, x2) = case(ROWS, HIDDEN, seed=4), case(ROWS, HIDDEN, seed=5)
     first = [owned(acl_swiglu.to_device(a)) for a in (gy, x)]
@@ -173,7 +167,7 @@ def test_arrays_an_interrupted_rebind_left_unbound_are_freed_when_closed(owned, 
     stream = owned(acl_swiglu.Stream())
     plan = owned(acl_swiglu.SwigluGroupQuantGradPlan(*first, clamp_limit=CLAMP, stream=stream))
     plan(synchronize=True)
-    with _at_line(_plan.Plan._rebind, line, _interrupt) as fired:
+    with _at_line(*line, _interrupt) as fired:
         with pytest.raises(KeyboardInterrupt):
             plan(*second, synchronize=True)
     assert fired
@@ -185,6 +179,25 @@ def test_arrays_an_interrupted_rebind_left_unbound_are_freed_when_closed(owned, 
     for array in unbound:
         array.close()
     assert _live_handles()["allocation"] == before - 2
+
+
+@pytest.mark.parametrize("abi", [1], indirect=True)
+def test_an_executor_a_rebind_replaced_is_freed_while_the_interrupts_traceback_is_kept(abi, owned):
+    gy, x, w, yo = _grouped()
+    plan, _ = _grouped_plan(owned, (gy, x, w, yo))
+    before = _live_handles()
+    kept = []
+    with _at_line(_plan.Plan._prepare, "self._close_retired()", _interrupt) as fired:
+        try:
+            plan(group_index=[1, 2], synchronize=True)
+        except KeyboardInterrupt:
+            kept.append(sys.exc_info())   # (as sys.last_traceback keeps it in an interactive session)
+    assert fired
+    gx, gw = plan(synchronize=True)
+    new = model(gy, x, w, yo, np.array([1, 2], np.int64), CLAMP)
+    assert same_bits(gx.to_numpy(), new[0]) and same_bits(gw.to_numpy(), new[1])
+    assert _live_handles() == before   # the replaced executor is freed; the new one took its place
+    kept.clear()
 
 
 # ---- streams: what a destroyed stream leaves behind ----
