@@ -25,7 +25,7 @@ from ._checks import (ADDRESS_MAX, MAX_ALLOCATION, check_device_dtype, check_nby
                       whole_number)
 from ._dtypes import dtype_name
 from .errors import ArgumentError, HandleClosedError
-from .runtime import (Destroy, Life, Owned, Use, current_device, free_collected, in_forked_child,
+from .runtime import (Destroy, Life, Owned, Use, current_device, free_collected, in_forked_child, joined,
                       release_due, runtime_api, state, watch_waits)
 
 ACL_MEM_MALLOC_HUGE_FIRST = 0
@@ -402,8 +402,7 @@ def record_launch(reads: Sequence["DeviceArray"], writes: Sequence["DeviceArray"
         for array in reads:
             access = array._access
             if stream not in access.readers:
-                access.readers = {reader for reader in access.readers if reader.live_besides(stream)}
-                access.readers.add(stream)
+                access.readers = joined(access.readers, stream)
                 changed = True
         for array in writes:
             access = array._access

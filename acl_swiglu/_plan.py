@@ -140,7 +140,7 @@ class Plan:
         self._closed = False
         self._checked_at = -1   # the epoch the plan last checked its bindings at (-1: check first)
         self._binding: Optional[Binding] = None
-        self._retired: List[Optional[Binding]] = []   # executors rebinds replaced, closed before the next launch
+        self._retired: List[Binding] = []   # executors rebinds replaced, closed before the next launch
         self._workspace: Optional[DeviceBuffer] = None
         self._owned_outputs: List[DeviceArray] = []
         self._use = Use((self.stream._life,), self.stream._life)   # what the plan holds, until close() or collection
@@ -236,8 +236,9 @@ class Plan:
                 lock.release()
 
     def _prepare(self) -> None:
-        """Before a launch the epoch check did not clear: the bindings must be open and pointed
-        at, the guard passed, and other streams' work on the arrays done."""
+        """Before a launch the epoch check did not clear: the executors rebinds replaced closed,
+        the plan's Use holding exactly what it is bound to, the bindings open and pointed at, the
+        guard passed, and other streams' work on the arrays done."""
         self._close_retired()
         binding = self._binding
         assert binding is not None
@@ -254,15 +255,13 @@ class Plan:
         self._point_launch()   # (what a rebind an exception cut short did not derive yet)
         self._set_outputs()
         self._operator.description.guard(self._problem, self._arguments, self._signature.revision)
-        order_launch(self._inputs_bound, self._outputs_bound, self.stream._life)
+        order_launch(self._inputs_bound, self._outputs_bound, stream)
 
     def _close_retired(self) -> None:
         """Closes the executors rebinds replaced (each freed once the plan lets go of it and the
         stream has passed its launches)."""
         while self._retired:
-            retired = self._retired[-1]
-            if retired is not None:
-                retired.close()
+            self._retired[-1].close()
             self._retired.pop()
 
     def _check_bindings(self) -> None:
@@ -290,8 +289,9 @@ class Plan:
             given[name] = value
         if self._closed:
             raise HandleClosedError(f"this {type(self).__name__} was closed")
-        binding = self._binding
-        assert binding is not None
+        current = self._binding
+        assert current is not None
+        binding = current
         changes: Dict[str, DeviceArray] = {}
         hosts: Dict[str, np.ndarray] = {}
         for name, value in given.items():
@@ -316,7 +316,7 @@ class Plan:
                                             **hosts})
         else:
             binding.bind(bound)   # (an address that cannot be read refuses the rebind here)
-        retired = self._retired if binding is self._binding else [*self._retired, self._binding]
+        retired = self._retired if binding is current else [*self._retired, current]
         # The rebind takes effect in this one statement: an exception before it leaves the plan as
         # it was, after it as rebound (the next launch closes the executor it replaced, holds,
         # binds and points at what the plan is bound to).

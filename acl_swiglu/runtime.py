@@ -91,6 +91,15 @@ class Life:
         return True
 
 
+_L = TypeVar("_L", bound=Life)
+
+
+def joined(streams: Optional[Set[_L]], stream: _L) -> Set[_L]:
+    """`streams` with `stream` added, less those whose work a wait on `stream` covers or that
+    have none left (destroyed, or the same native stream borrowed again)."""
+    return {other for other in streams or () if other.live_besides(stream)} | {stream}
+
+
 def _held(life: Life) -> bool:
     return any(use.active and not use.idle for use in life.holders)
 
@@ -276,12 +285,8 @@ class Use:
         holders.add(self)
         stream = self.stream
         if stream is not None and stream is not life:
-            streams = life.streams
-            if streams is None:
-                life.streams = {stream}
-            elif stream not in streams:   # (streams destroyed since, or borrowed again, are dropped)
-                life.streams = {other for other in streams if other.live_besides(stream)}
-                life.streams.add(stream)
+            if life.streams is None or stream not in life.streams:
+                life.streams = joined(life.streams, stream)
 
     def let_go(self) -> None:
         """Ends the hold of every life in one store, as the finalizer of a collected owner does:
