@@ -13,7 +13,7 @@ import ctypes
 import math
 import threading
 import weakref
-from operator import attrgetter, is_, itemgetter
+from operator import is_, itemgetter
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
@@ -109,21 +109,22 @@ def _host_key(abi: int, names: Tuple[str, ...], values: List[Any]) -> Optional[T
     reused. A NumPy array argument that is not a plain ndarray (a subclass, or a proxy) is made
     the plain ndarray over the same memory first, in `values` (read through its own view(): in
     native byte order, a converted copy)."""
-    key: Optional[List[Any]] = [abi]
+    key: List[Any] = [abi]
+    reusable = True
     for index, value in enumerate(values):
         kind = type(value)
-        if kind is not np.ndarray and isinstance(value, np.ndarray):
-            values[index] = value = plain_array(value, names[index])
-            kind = np.ndarray
-        if key is None:
-            continue
         if kind is np.ndarray:
             key.append((value.dtype, value.shape, value.strides))
-        elif value is None or kind in _SCALAR_KINDS:
+        elif value is None:
+            key.append(None)
+        elif kind in _SCALAR_KINDS:
             key.append((kind, value))
+        elif isinstance(value, np.ndarray):
+            values[index] = value = plain_array(value, names[index])
+            key.append((value.dtype, value.shape, value.strides))
         else:
-            key = None
-    return None if key is None else tuple(key)
+            reusable = False
+    return tuple(key) if reusable else None
 
 
 def _one_shot_layout(operator: Operator, signature: Signature, values: List[Any],
@@ -322,7 +323,7 @@ def _bind_and_launch(operator: Operator, signature: Signature, given: Dict[str, 
 
 
 _PLAIN = (type(None), bool, int, float, str)
-_serial_of = attrgetter("_serial")
+_reference = weakref.ref
 
 
 def _picker(positions: Sequence[int]) -> Callable[[Sequence[Any]], Tuple[Any, ...]]:
@@ -337,17 +338,18 @@ def _picker(positions: Sequence[int]) -> Callable[[Sequence[Any]], Tuple[Any, ..
 
 
 class _Arguments(NamedTuple):
-    """What a kept executor's repeat must give again: its revision, stream and device, the type
-    of every value, the arrays (by their serial numbers, which no other array has) and the other
-    values."""
+    """What a kept executor's repeat must give again: its revision, stream and device, the very
+    arrays (known by their weak references: ``weakref.ref(array)`` gives the one it gave before
+    while that one lives, and a reference never points to another object) and the other values,
+    of the same types."""
 
     abi: int
     stream: Life
     device: int
-    types: Tuple[type, ...]
     arrays: Callable[[Sequence[Any]], Tuple[Any, ...]]   # picks the arrays from a call's values
-    serials: Tuple[int, ...]
+    references: Tuple["weakref.ReferenceType[DeviceArray]", ...]
     others: Callable[[Sequence[Any]], Tuple[Any, ...]]   # picks the other values
+    types: Tuple[type, ...]   # of the other values
     values: Tuple[Any, ...]
 
 
@@ -356,9 +358,9 @@ class _Kept:
     its Use holds from one call to the next: the memory of the arrays it is bound to, the stream
     and the workspace. While it waits in its operator's pool the Use is idle, which holds off no
     close(): what is closed meanwhile is freed at once, and the epoch has moved, so the next call
-    binds again. Of the arguments of its last checked launch it keeps the arrays' serial numbers
-    (not the arrays) and the other values: a call with the very same ones, on the same stream and device
-    with the epoch unmoved since, is its repeat."""
+    binds again. Of the arguments of its last checked launch it keeps weak references to the
+    arrays (so it keeps none alive) and the other values: a call with the very same ones, on the
+    same stream and device with the epoch unmoved since, is its repeat."""
 
     def __init__(self, layout: "_DeviceLayout", key: Tuple[Any, ...]) -> None:
         self.layout, self.key = layout, key   # (the key: its layout, device and host values)
@@ -378,17 +380,21 @@ class _Kept:
         rest = [i for i in range(len(values)) if i not in at]
         others = tuple(values[i] for i in rest)
         if all(type(value) in _PLAIN for value in others):
-            self.arguments = _Arguments(abi, stream, self.key[1], tuple(map(type, values)), _picker(at),
-                                        tuple(values[i]._serial for i in at), _picker(rest), others)
+            self.arguments = _Arguments(abi, stream, self.key[1], _picker(at), tuple(_reference(values[i]) for i in at),
+                                        _picker(rest), tuple(map(type, others)), others)
 
     def repeats(self, values: Sequence[Any], abi: int, stream: Life, device: int) -> bool:
-        """Whether this call is its repeat (the epoch aside): every value of the same type, the
-        arrays of the same serial numbers, the other values equal."""
+        """Whether this call is its repeat (the epoch aside): the very same arrays, and the other
+        values of the same types (compared first: only then is their == a plain one) and equal."""
         was = self.arguments
-        if was is None or was.abi != abi or was.stream is not stream or was.device != device or \
-                not all(map(is_, map(type, values), was.types)):
+        if was is None or was.abi != abi or was.stream is not stream or was.device != device:
             return False
-        return tuple(map(_serial_of, was.arrays(values))) == was.serials and was.others(values) == was.values
+        try:
+            same = all(map(is_, map(_reference, was.arrays(values)), was.references))
+        except TypeError:   # (a value there that no weak reference can point to: None, a number)
+            return False
+        others = was.others(values)
+        return same and all(map(is_, map(type, others), was.types)) and others == was.values
 
     def fill(self, outputs: Tuple[Optional[DeviceArray], ...]) -> Tuple[Optional[DeviceArray], ...]:
         """A repeat's outputs (those given, in the operator's order) with the layout's placeholders

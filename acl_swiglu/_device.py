@@ -11,7 +11,6 @@ never freed under queued work (runtime.Life).
 from __future__ import annotations
 
 import ctypes
-import itertools
 import math
 import threading
 import weakref
@@ -415,9 +414,6 @@ def record_launch(reads: Sequence["DeviceArray"], writes: Sequence["DeviceArray"
         return state.epoch if state.epoch == start + changed else -1
 
 
-_serials = itertools.count(1)
-
-
 class DeviceArray:
     """A typed, strided view of device memory: what a tensor argument of an operator is.
 
@@ -443,7 +439,6 @@ class DeviceArray:
         self._layout = (self.shape, self.dtype, self.strides, self.offset)
         self._layout_id = layout_id(self._layout)
         self._access = Access() if buffer is None else buffer._access
-        self._serial = next(_serials)   # (never given to another array: a kept executor's repeat compares these)
 
     # -- construction --
 

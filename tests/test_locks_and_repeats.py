@@ -329,8 +329,13 @@ def test_two_threads_closing_each_others_stream_during_their_waits_both_finish(t
 
 
 class _NotAnArray:
-    def __init__(self, serial):
-        self._serial = serial
+    """Answers every attribute as the array it wraps does (as a transparent proxy would)."""
+
+    def __init__(self, array=None):
+        self._array = array
+
+    def __getattr__(self, name):
+        return getattr(self._array, name)
 
 
 def test_an_object_that_is_no_device_array_never_passes_for_a_repeat(owned):
@@ -341,12 +346,12 @@ def test_an_object_that_is_no_device_array_never_passes_for_a_repeat(owned):
     for _ in range(2):
         acl_swiglu.swiglu_group_quant_grad_device(d_gy, d_x, clamp_limit=CLAMP, grad_x=out, stream=stream)
     with pytest.raises(TypeError, match="x must be a DeviceArray"):   # (a fresh call's answer)
-        acl_swiglu.swiglu_group_quant_grad_device(d_gy, _NotAnArray(-1), clamp_limit=CLAMP, grad_x=out,
+        acl_swiglu.swiglu_group_quant_grad_device(d_gy, _NotAnArray(), clamp_limit=CLAMP, grad_x=out,
                                                   stream=stream)
     for _ in range(2):
         acl_swiglu.swiglu_group_quant_grad_device(d_gy, d_x, clamp_limit=CLAMP, grad_x=out, stream=stream)
     with pytest.raises(TypeError, match="x must be a DeviceArray"):
-        acl_swiglu.swiglu_group_quant_grad_device(d_gy, _NotAnArray(d_x._serial), clamp_limit=CLAMP, grad_x=out,
+        acl_swiglu.swiglu_group_quant_grad_device(d_gy, _NotAnArray(d_x), clamp_limit=CLAMP, grad_x=out,
                                                   stream=stream)
 
 

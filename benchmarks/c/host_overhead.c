@@ -11,7 +11,8 @@
  *   device_call:   phase 1 + phase 2 on existing device buffers and tensors
  *   plan_call:     phase 2 on a repeatable executor (addresses unchanged)
  *   plan_rebind:   aclSetInputTensorAddr x2 + aclSetOutputTensorAddr x1 + phase 2 (two buffer sets)
- *   one_shot:      one malloc + copies in, tensors, phase 1, phase 2, copies out, destroy, free
+ *   one_shot:      one malloc (arrays and workspace) + copies in, tensors, phase 1, phase 2, copies
+ *                  out, destroy, free
  * Inputs: bf16 gradY/x/yOrigin, fp32 weight, INT64 groupIndex, clamp 1.0 (ABI revision 2).
  */
 #define _POSIX_C_SOURCE 200809L
@@ -169,13 +170,16 @@ int main(int argc, char **argv)
     for (int k = 0; k < COUNT; k++) CHECK(aclDestroyTensor(pt[k]));
 
     /* one_shot: everything from host data to host results, all device memory in one
-     * allocation at 64-byte aligned offsets, as the Python one-shot call does */
+     * allocation at 64-byte aligned offsets with the workspace after the arrays, as the Python
+     * one-shot call does */
     void *out_gx = malloc(p.bytes[GX]), *out_gw = malloc(p.bytes[GW]);
     size_t offsets[COUNT], arena = 0;
     for (int k = 0; k < COUNT; k++) {
         offsets[k] = arena;
         arena += (p.bytes[k] + 63) / 64 * 64;
     }
+    size_t arrays_bytes = arena;
+    arena += ws;
     for (int i = 0; i < repeats * batch; i++) {
         double t0 = now_us();
         void *base = NULL;
@@ -189,7 +193,7 @@ int main(int argc, char **argv)
             ot[k] = tensor(&p, k, d);
         }
         CHECK(phase1(ot, &ws, &ex));
-        CHECK(aclnnSwigluGroupQuantGrad(workspace, ws, ex, stream));
+        CHECK(aclnnSwigluGroupQuantGrad(ws ? (char *)base + arrays_bytes : NULL, ws, ex, stream));
         CHECK(aclrtSynchronizeStream(stream));
         CHECK(aclrtMemcpy(out_gx, p.bytes[GX], (char *)base + offsets[GX], p.bytes[GX], ACL_MEMCPY_DEVICE_TO_HOST));
         CHECK(aclrtMemcpy(out_gw, p.bytes[GW], (char *)base + offsets[GW], p.bytes[GW], ACL_MEMCPY_DEVICE_TO_HOST));
