@@ -103,7 +103,6 @@ class Signature:
             itemgetter(*positions) if len(positions) > 1 else lambda values: tuple(values[p] for p in positions)
         self.host_names = tuple(p.name for p in self.handles if p.kind == HOST_INTS)
         self.tensor_names = tuple(p.name for p in self.handles if p.kind != HOST_INTS)
-        self.scalar_names = tuple(p.name for p in self.scalar_params)
         self.scalar_struct = struct.Struct("<" + "".join(_SCALAR_FORMATS[p.kind] for p in self.scalar_params))
         self.argument_names = operator.argument_names
         # aclSet{Input,Output}TensorAddr index: the position among the inputs, or the outputs
@@ -234,17 +233,6 @@ class Operator:
         """Raises for a failed operator call, saying which Python arguments its message means."""
         if status != 0:
             _ffi.raise_status(status, symbol, api.get_message, self.describe_arguments)
-
-    def phase1(self, api: SimpleNamespace, signature: Signature, handles: Mapping[str, Any],
-               scalars: Sequence[Any]) -> Tuple[ctypes.c_void_p, int]:
-        """Phase 1 on native handles by name (AclTensor, AclIntArray, an address, or absent):
-        (executor, workspace size)."""
-        size = ctypes.c_uint64()
-        executor = ctypes.c_void_p()
-        status = getattr(api.hot, self.description.phase1)(*signature.phase1_arguments(handles, scalars),
-                                                           ctypes.byref(size), ctypes.byref(executor))
-        self.check_status(api, status, self.description.phase1)
-        return executor, size.value
 
 
 def stream_argument(stream: object) -> Stream:

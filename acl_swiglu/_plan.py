@@ -53,7 +53,6 @@ class Binding(Owned):
         try:
             self.tensors, self.workspace_size = make_executor(self, operator, signature, arrays, host_values, scalars,
                                                               views)
-            self.views = views
             api = operator.api()
             api.aclSetAclOpExecutorRepeatable(self._life.handle)
             self._set_up(api, operator, signature, arrays, host_values)
