@@ -10,6 +10,8 @@ import tempfile
 
 import pytest
 
+from loader_cases import build_fake_libs, find_installed
+
 DEVICE_RUN = os.environ.get("ACL_SWIGLU_BACKEND", "").lower() == "cann"
 if not DEVICE_RUN:
     os.environ["ACL_SWIGLU_BACKEND"] = "emulator"
@@ -131,3 +133,27 @@ def abi(request, monkeypatch):
     import acl_swiglu
     assert acl_swiglu.abi_revision() == value
     return value
+
+
+# ---- the loader tests' fake CANN libraries and the installed package (tests/loader_cases.py) ----
+
+
+@pytest.fixture(scope="session")
+def fake_libs(tmp_path_factory):
+    return build_fake_libs(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def installed(tmp_path_factory):
+    return find_installed(tmp_path_factory)
+
+
+@pytest.fixture
+def cann_9_1(monkeypatch):
+    """The loaded CANN is 9.1.0 (as the loader records it from the install's version file)."""
+    import acl_swiglu
+    from acl_swiglu import _releases
+
+    acl_swiglu.backend_info()   # loaded first: the loader's own record must not undo ours
+    monkeypatch.setattr(_releases, "_installed_release", "9.1.0")
+

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -95,6 +96,35 @@ def stop() -> None:
         except subprocess.TimeoutExpired:
             os.killpg(_child.pid, signal.SIGKILL)
             _child.wait()
+
+
+# ---- for the tests that build here and now (tests/test_native.py, tests/test_aarch64.py) ----
+
+
+def passed(command, returncode, stdout, stderr):
+    if returncode != 0:
+        import pytest
+        pytest.fail(f"{' '.join(map(str, command))} failed ({returncode}):\n{stdout[-6000:]}\n{stderr[-6000:]}")
+
+
+def run_checked(cmd, **kwargs):
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, **kwargs)
+    passed(cmd, result.returncode, result.stdout, result.stderr)
+    return result
+
+
+def need_cmake():
+    if shutil.which("cmake") is None:
+        import pytest
+        pytest.fail("cmake is required to build the emulator's C tests")
+
+
+def build_now(build_dir, *options):
+    """Builds the project into build_dir here and now (the release build is native_build's)."""
+    need_cmake()
+    for command in build_commands(build_dir, *options):
+        run_checked(command)
+    return build_dir
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from test_native import _build, _run
+from native_build import build_now, run_checked
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLCHAIN = ROOT / "cmake" / "toolchain-aarch64-linux-gnu.cmake"
@@ -22,14 +22,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.allow_live_handles]
 
 
 @pytest.fixture(scope="module")
-def aarch64_build():
+def aarch64build_now():
     missing = [f"{tool} (Debian package {package})" for tool, package in TOOLS.items() if shutil.which(tool) is None]
     if missing:
         reason = "the aarch64 cross toolchain or qemu-user is missing: " + ", ".join(missing)
         if os.environ.get("CI"):
             pytest.fail(reason + "; .ci/run installs them, so in CI this is a broken setup")
         pytest.skip(reason)
-    return _build(ROOT / "build" / "pytest-aarch64", f"-DCMAKE_TOOLCHAIN_FILE={TOOLCHAIN}",
+    return build_now(ROOT / "build" / "pytest-aarch64", f"-DCMAKE_TOOLCHAIN_FILE={TOOLCHAIN}",
                   "-DCMAKE_BUILD_TYPE=Release")
 
 
@@ -41,10 +41,10 @@ def test_the_libraries_are_aarch64(aarch64_build):
 
 
 def test_ctest_under_qemu(aarch64_build):
-    listed = _run(["ctest", "--test-dir", str(aarch64_build), "-N"]).stdout
+    listed = run_checked(["ctest", "--test-dir", str(aarch64_build), "-N"]).stdout
     for test in ("test_golden", "test_forward_golden", "test_forward_kernel", "test_kernel", "test_runtime",
                  "test_threads", "test_spec_dlopen", "cpp_sample"):
         assert f": {test}\n" in listed, f"{test} is not among the cross-built tests"
-    result = _run(["ctest", "--test-dir", str(aarch64_build), "--output-on-failure", "-j", "2"], timeout=1800)
+    result = run_checked(["ctest", "--test-dir", str(aarch64_build), "--output-on-failure", "-j", "2"], timeout=1800)
     assert "100% tests passed" in result.stdout
 

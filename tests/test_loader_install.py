@@ -19,8 +19,7 @@ import pytest
 import acl_swiglu
 from acl_swiglu import _loader
 from acl_swiglu.errors import AclSwigluWarning, ConfigurationError
-from test_loader import (PRELUDE, STANDARD, child_env, fake_libs, installed, make_root,  # noqa: F401
-                         no_default_roots, run_child)
+from loader_cases import PRELUDE, STANDARD, child_env, make_root, no_default_roots, run_child
 
 CHECKOUT = Path(__file__).resolve().parent.parent
 

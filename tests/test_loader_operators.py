@@ -4,7 +4,7 @@ libraries() loads the runtime and meta libraries only; operator_library(symbol) 
 loads and keeps the library exporting that symbol (custom libcust_opapi.so first, then
 libopapi_nn.so, then libopapi.so), so that an install lacking one operator still serves another;
 operator_header(name, symbol) gives a checked header. Fake roots in tmp_path, children as in
-test_loader.py; the last tests use the bundled emulator in this process.
+loader_cases.py; the last tests use the bundled emulator in this process.
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ import textwrap
 
 import pytest
 
-from test_loader import (FORWARD_SYMBOL, PRELUDE, STANDARD, SYMBOL, child_env, fake_libs,  # noqa: F401
-                         make_root, run_child)
+from loader_cases import FORWARD_SYMBOL, PRELUDE, STANDARD, SYMBOL, child_env, make_root, run_child
 
 FORWARD_HEADER = "aclnn_swiglu_group_quant.h"
 BACKWARD_HEADER = "aclnn_swiglu_group_quant_grad.h"

@@ -1,7 +1,7 @@
 """Loading only libraries that can be trusted (docs/architecture.md, "Trust").
 
 Each scenario builds a real fake CANN root in tmp_path with the gcc-built fake libraries of
-test_loader.py, gives its files and directories explicit modes (never the machine's umask) and,
+loader_cases.py, gives its files and directories explicit modes (never the machine's umask) and,
 where a test needs a foreign owner, chowns them (possible as root; such tests skip otherwise), then
 loads in a child interpreter. A refusal must name the path and what is wrong and load nothing from
 the root; ACL_SWIGLU_TRUST_LIBS=1 must load and warn naming what it accepted; relative search
@@ -10,22 +10,15 @@ paths are refused before anything is looked at.
 
 from __future__ import annotations
 
-import grp
 import os
-import pwd
 import shutil
 import stat
 from pathlib import Path
 
 import pytest
 
-from test_loader import (STANDARD, discover, expect_error, expect_info, fake_libs, fake_paths_mapped,  # noqa: F401
-                         installed, make_root, runtime_warnings, safe_modes)
-
-FOREIGN_UID = 54321          # no such user on a test machine: "neither root nor the current user"
-CAN_CHOWN = os.geteuid() == 0
-needs_chown = pytest.mark.skipif(not CAN_CHOWN, reason="changing a file's owner needs root; this run is not root")
-
+from loader_cases import (FOREIGN_UID, STANDARD, discover, expect_error, expect_info, fake_paths_mapped, make_root, shared_gid,
+                         needs_chown, private_gid, runtime_warnings, safe_modes)
 
 def standard_root(tmp_path: Path, fake_libs, layout=STANDARD) -> Path:
     return make_root(tmp_path / "cann", fake_libs, layout)
@@ -42,29 +35,8 @@ def assert_refused(result: dict, root: Path, *fragments: str) -> str:
     return err["message"]
 
 
-def shared_gid():
-    """A group that some other user belongs to (group write through it lets that user write)."""
-    me = os.geteuid()
-    for user in pwd.getpwall():
-        if user.pw_uid not in (0, me):
-            return user.pw_gid
-    for group in grp.getgrall():
-        if any(name != pwd.getpwuid(me).pw_name for name in group.gr_mem):
-            return group.gr_gid
-    pytest.skip("this machine has no user but root and the current one, so no group can be shared")
-
-
 def share_group(path: Path) -> None:
     os.chown(path, -1, shared_gid())   # root (the tests' user here) may give a file any group
-
-
-def private_gid():
-    """The current user's own group when nobody else is in it, else None."""
-    me = pwd.getpwuid(os.geteuid())
-    gid = me.pw_gid
-    members = set(grp.getgrgid(gid).gr_mem) - {me.pw_name}
-    others = [u for u in pwd.getpwall() if u.pw_gid == gid and u.pw_uid != me.pw_uid]
-    return None if members or others else gid
 
 
 # ---- modes ----

@@ -3,7 +3,7 @@ checked (docs/loading.md): symbolic links as links, the libraries' dependencies 
 operator header, the version files; only regular files opened; nothing swapped after the check takes
 effect.
 
-Each scenario is a real fake CANN root in tmp_path (the gcc-built fakes of test_loader.py, plus
+Each scenario is a real fake CANN root in tmp_path (the gcc-built fakes of loader_cases.py, plus
 libraries that need other libraries, built here), with explicit owners (another uid through
 os.chown: these tests run as root) and modes, loaded in a child interpreter. Every fake's
 constructor leaves a marker file when FAKE_MARKER_DIR is set, so a test sees whose code ran.
@@ -21,10 +21,9 @@ from typing import Dict
 
 import pytest
 
-from test_loader import (ARCH, DISCOVER, MARKER_C, OPERATOR_C, PRELUDE, RUNTIME_C, STANDARD, child_env,  # noqa: F401
-                         expect_error, expect_info, fake_libs, fake_paths_mapped, make_root, once_per_session,
-                         run_child, runtime_warnings)
-from test_loader_trust import FOREIGN_UID, needs_chown, private_gid
+from loader_cases import (ARCH, DISCOVER, FOREIGN_UID, MARKER_C, OPERATOR_C, PRELUDE, RUNTIME_C, STANDARD, child_env,
+                         expect_error, expect_info, fake_paths_mapped, make_root, needs_chown, private_gid,
+                         run_child, runtime_warnings, shared_gid)
 
 HEADER_PATH = "include/aclnnop/aclnn_swiglu_group_quant_grad.h"
 REVISION_1_HEADER = ("aclnnStatus aclnnSwigluGroupQuantGradGetWorkspaceSize(const aclTensor *gradY, const aclTensor *x, "
@@ -70,7 +69,6 @@ def dep_libs(tmp_path_factory) -> Dict[str, Path]:
     return _built_dep_libs(tmp_path_factory)
 
 
-@once_per_session
 def _built_dep_libs(tmp_path_factory) -> Dict[str, Path]:
     """Libraries whose DT_NEEDED entries resolve through $ORIGIN, as CANN's do. Each is linked
     against a copy named as the install names it, so DT_NEEDED holds that name."""
@@ -436,7 +434,6 @@ def test_a_version_file_others_could_change_or_remove_is_refused(tmp_path, fake_
 
 
 def shared_or_skip() -> int:
-    from test_loader_trust import shared_gid
     return shared_gid()
 
 

@@ -18,8 +18,7 @@ import textwrap
 import pytest
 
 from acl_swiglu._loader import release_from_api
-from test_loader import (PRELUDE, STANDARD, child_env, discover, expect_info, fake_libs, make_root,  # noqa: F401
-                         run_child, runtime_warnings)
+from loader_cases import PRELUDE, STANDARD, child_env, discover, expect_info, make_root, run_child, runtime_warnings
 
 RUNTIME_VERSION = "share/info/runtime/version.info"
 OPS_NN_VERSION = "share/info/ops_nn/version.info"

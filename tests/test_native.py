@@ -3,7 +3,6 @@ one test command (pytest) covers the native side too. The build and ctest run as
 that the session starts early (tests/native_build.py); the tests here judge its outcome."""
 
 import os
-import shutil
 import subprocess
 
 import pytest
@@ -13,36 +12,12 @@ import native_build
 pytestmark = pytest.mark.allow_live_handles   # separate processes; nothing lives in this one
 
 
-def _passed(command, returncode, stdout, stderr):
-    if returncode != 0:
-        pytest.fail(f"{' '.join(map(str, command))} failed ({returncode}):\n{stdout[-6000:]}\n{stderr[-6000:]}")
-
-
-def _run(cmd, **kwargs):
-    result = subprocess.run(cmd, cwd=native_build.ROOT, capture_output=True, text=True, **kwargs)
-    _passed(cmd, result.returncode, result.stdout, result.stderr)
-    return result
-
-
-def _need_cmake():
-    if shutil.which("cmake") is None:
-        pytest.fail("cmake is required to build the emulator's C tests")
-
-
-def _build(build_dir, *options):
-    """Builds the project into build_dir here and now (the release build is native_build's)."""
-    _need_cmake()
-    for command in native_build.build_commands(build_dir, *options):
-        _run(command)
-    return build_dir
-
-
 @pytest.fixture(scope="module")
 def native_outcomes():
-    _need_cmake()
+    native_build.need_cmake()
     outcomes = native_build.outcomes()
     for step in ("configure", "build"):
-        _passed(**outcomes[step])
+        native_build.passed(**outcomes[step])
     return outcomes
 
 
@@ -53,13 +28,13 @@ def release_build(native_outcomes):
 
 def test_ctest_release(native_outcomes):
     ctest = native_outcomes["ctest"]
-    _passed(**ctest)
+    native_build.passed(**ctest)
     assert "100% tests passed" in ctest["stdout"]
 
 
 def test_cpp_sample_prints_the_documented_lines(release_build):
     sample = release_build / "samples" / "cpp" / "swiglu_sample"
-    result = _run([str(sample)], timeout=120)
+    result = native_build.run_checked([str(sample)], timeout=120)
     lines = result.stdout.splitlines()
     assert "gradX output (first 10 elements):" in lines
     assert "gradWeight output (first 10 elements):" in lines
@@ -73,7 +48,7 @@ def test_cpp_sample_matches_the_python_sample(release_build):
     import sys
 
     sample = release_build / "samples" / "cpp" / "swiglu_sample"
-    cpp = _run([str(sample)], timeout=120).stdout.splitlines()
+    cpp = native_build.run_checked([str(sample)], timeout=120).stdout.splitlines()
     cpp_x = [float(line.split("=")[1]) for line in cpp if line.startswith("gradX[")]
     cpp_w = [float(line.split("=")[1]) for line in cpp if line.startswith("gradWeight[")]
     env = dict(os.environ, ACL_SWIGLU_BACKEND="emulator")

@@ -18,7 +18,7 @@ from acl_swiglu import _device_info, _releases
 from acl_swiglu._releases import (ReleaseLimitationError, check_call, check_group_counts, check_group_index,
                                   check_trunc, host_trunc, is_affected, read_install_version)
 from acl_swiglu.errors import AclSwigluWarning, ArgumentError
-from test_loader import STANDARD, child_env, discover, expect_info, fake_libs, make_root  # noqa: F401
+from loader_cases import STANDARD, child_env, discover, expect_info, make_root
 
 ARCH = platform.machine() or "x86_64"
 
@@ -358,15 +358,6 @@ def _problem(rows: int = TOKENS):
     gy = rng.uniform(-1, 1, (rows, HIDDEN)).astype(np.float32)
     x = rng.uniform(-2, 2, (rows, 2 * HIDDEN)).astype(np.float32)
     return gy, x
-
-
-@pytest.fixture
-def cann_9_1(monkeypatch):
-    """The loaded CANN is 9.1.0 (as the loader records it from the install's version file)."""
-    import acl_swiglu
-
-    acl_swiglu.backend_info()   # loaded first: the loader's own record must not undo ours
-    monkeypatch.setattr(_releases, "_installed_release", "9.1.0")
 
 
 @pytest.mark.parametrize("abi", [1, 2], indirect=True)

@@ -158,3 +158,21 @@ def test_no_try_block_sits_right_inside_a_with_block_in_the_core():
                     if isinstance(inner, ast.Try) and inner is not node:
                         found.append(f"{path.name}:{inner.lineno}")
     assert found == []
+
+
+def test_test_modules_share_helpers_not_each_other():
+    """Shared fixtures live in conftest.py and shared helpers in helper modules (loader_cases,
+    swiglu_cases, native_build, ...): no test module imports another (a child process a test
+    starts may import its own module, from a script in a string)."""
+    tests = ROOT / "tests"
+    importing = []
+    for path in sorted(tests.glob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            importing += [f"{path.name} imports {name}" for name in names if name.startswith("test_")]
+    assert not importing, importing

@@ -14,7 +14,6 @@ from acl_swiglu import emulator
 from acl_swiglu._releases import ReleaseLimitationError
 
 from swiglu_cases import case, same_bits, want
-from test_releases import cann_9_1  # noqa: F401 (the fixture)
 
 ROWS = 8   # T = 8 < 56 cores: any 0 < trunc < 8 hangs 9.1.0
 SAFE = ([0], [8], [5, 5])
