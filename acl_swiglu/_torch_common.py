@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 import acl_swiglu
-from acl_swiglu import ArgumentError, AclSwigluWarning, DeviceArray, DeviceBuffer, Stream, _loader, bfloat16
+from acl_swiglu import ArgumentError, AclSwigluWarning, DeviceArray, Stream, _loader, bfloat16
 from acl_swiglu._validate import check_clamp_limit
 
 CLAMP_OFF = -1.0   # the schema's "no clamp", as in the operator's own torch extension

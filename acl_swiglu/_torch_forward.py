@@ -188,7 +188,7 @@ def _cpu(x: torch.Tensor, weight: Optional[torch.Tensor] = None, group_index: Op
          dst_type_max: float = DST_TYPE_MAX_DEFAULT, output_origin: bool = False) -> _Outputs:
     _framework_first()
     _load_backend()
-    tensors = _tensors(x, weight, group_index, scale)
+    _tensors(x, weight, group_index, scale)   # (checks them)
     options = _options(dst_type, quant_mode, block_size, round_scale, clamp_limit, dst_type_max, output_origin)
     # The NumPy call checks the rest, with the same rules and messages as the fake implementation.
     results: Tuple[np.ndarray, ...] = acl_swiglu.swiglu_group_quant(
