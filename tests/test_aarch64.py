@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.allow_live_handles]
 
 
 @pytest.fixture(scope="module")
-def aarch64build_now():
+def aarch64_build():
     missing = [f"{tool} (Debian package {package})" for tool, package in TOOLS.items() if shutil.which(tool) is None]
     if missing:
         reason = "the aarch64 cross toolchain or qemu-user is missing: " + ", ".join(missing)
