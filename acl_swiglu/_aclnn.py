@@ -19,12 +19,12 @@ from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Seq
 import numpy as np
 
 from . import _ffi
-from ._arena import ArenaLayout, HelperApi, arena_layout, helper_api, raise_failure
+from ._arena import ArenaLayout, arena_layout
 from ._checks import plain_array
 from ._device import DeviceArray, Stream, default_stream, lives_of, order_launch, record_launch
 from ._operator import (Executor, Operator, OperatorDescription, Signature, check_open, device_arrays, host_lists,
                         layout_key, preset_outputs, remembered, stream_argument, views_of)
-from ._plan import Binding, raise_launch_failure
+from ._plan import Binding
 from .errors import ArgumentError, HostMemoryError
 from .runtime import (Life, Use, _runtime, at_fork_in_child, current_device, free_collected, in_forked_child,
                       release_due, runtime_api, state)
@@ -44,7 +44,8 @@ def register(description: OperatorDescription) -> Operator:
 
 _thread_state = threading.local()
 _thread_streams: "weakref.WeakSet[Stream]" = weakref.WeakSet()   # (under state.lock)
-_helper_apis: Dict[Operator, Tuple[Any, HelperApi]] = {}   # the API they were made from, the helper's table
+# Per operator: the API its helper table was made from, the table and a byref of it.
+_helper_apis: Dict[Operator, Tuple[Any, _ffi.OneShotApi, Any]] = {}
 _KEPT = 256
 
 
@@ -190,7 +191,9 @@ def one_shot(operator: Operator, given: Dict[str, Any]) -> List[Optional[np.ndar
     api = operator.api()
     helper = _helper_apis.get(operator)
     if helper is None or helper[0] is not api:
-        helper = _helper_apis[operator] = (api, helper_api(operator, api))
+        d = operator.description
+        table = _ffi.one_shot_api(api, d.thunk, d.phase1, d.phase2)
+        helper = _helper_apis[operator] = (api, table, ctypes.byref(table))
     words = layout.pack(layout.workspace[0], *addresses)
     report = _Report()
     while True:
@@ -198,13 +201,14 @@ def one_shot(operator: Operator, given: Dict[str, Any]) -> List[Optional[np.ndar
         life = stream._life
         with life.lock:   # (a release_cached() from another thread destroys the stream only after this call)
             if not life.closed:
-                status = api.hot.acl_swiglu_one_shot(helper[1].reference, layout.reference, words, stream._address,
+                status = api.hot.acl_swiglu_one_shot(helper[2], layout.reference, words, stream._address,
                                                      report)
                 break
     if report[2] > layout.workspace[0]:
         layout.workspace[0] = report[2]   # (the next call's arena holds it)
     if status:
-        raise_failure(operator, api, status, report[0])
+        d = operator.description
+        _ffi.raise_one_shot_failure(status, report[0], d.phase1, d.phase2, operator.describe_arguments)
     if layout.slots is None:
         return results   # type: ignore[return-value]
     return [None if slot < 0 else results[slot] for slot in layout.slots]
@@ -308,7 +312,7 @@ def _bind_and_launch(operator: Operator, signature: Signature, given: Dict[str, 
         hosts = host_lists(operator, signature, given) if signature.host_names else {}
         # What phase 1 made the executor from: the layout (or, where the layout is not kept, the
         # revision, the arrays' layouts and the scalars), the device and the host values.
-        shape = layout.key or (signature.abi, tuple((name, a._layout_id) for name, a in arrays.items()), layout.scalars)
+        shape = layout.key or (signature.abi, tuple((name, a._layout) for name, a in arrays.items()), layout.scalars)
         key = (shape, current_device(), tuple(tuple(v.tolist()) for v in hosts.values()) if hosts else ())
         # A repeat needs the very same arguments again: not so with outputs made here, host values
         # (read at phase 1, and a list may change in place), or arguments whose checks are never
@@ -470,7 +474,7 @@ def _launch(operator: Operator, kept: _Kept, arrays: Mapping[str, Any], stream: 
     assert binding is not None   # (bound)
     result = binding.launch_call(binding.launch_argument, 0)
     if result:
-        raise_launch_failure(operator, operator.api(), result)
+        operator.raise_launch_failure(result)
     life = stream._life
     expected = start if bound is None else record_launch([arrays[name] for name in bound.inputs],
                                                          [arrays[name] for name in bound.outputs], life, start)

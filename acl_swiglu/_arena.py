@@ -9,7 +9,6 @@ from __future__ import annotations
 import ctypes
 import math
 import struct
-from types import SimpleNamespace
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
@@ -21,23 +20,6 @@ from ._operator import HOST_INTS, OUTPUT, Operator, Signature
 from .tensor import TensorView, tensor_geometry
 
 ALIGNMENT = 64   # CANN wants 32-byte aligned tensor addresses
-
-
-class HelperApi(NamedTuple):
-    """binding/one_shot.c's one_shot_api for one operator, and a byref of it."""
-
-    table: _ffi.OneShotApi
-    reference: Any   # a byref of it
-
-
-def helper_api(operator: Operator, api: SimpleNamespace) -> HelperApi:
-    """The functions the helper calls, from the loaded libraries (once per operator and API)."""
-    description = operator.description
-    symbols = ("aclrtMalloc", "aclrtFree", "aclrtMemcpy", "aclrtMemset", "aclCreateTensor", "aclDestroyTensor",
-               "aclCreateIntArray", "aclDestroyIntArray", "aclDestroyAclOpExecutor", "aclrtSynchronizeStream",
-               "aclGetRecentErrMsg", description.thunk, description.phase1, description.phase2)
-    table = _ffi.OneShotApi(*(_ffi.c_address(api, symbol, description.phase1) for symbol in symbols))
-    return HelperApi(table, ctypes.byref(table))
 
 
 class ArenaLayout(NamedTuple):
@@ -139,16 +121,3 @@ def arena_layout(operator: Operator, signature: Signature, values: Sequence[Any]
                        tuple(shape for shape, _ in placed_outputs), tuple(dtype for _, dtype in placed_outputs),
                        None if slots == list(range(len(slots))) else tuple(slots), tuple(host_positions),
                        struct.Struct(f"<{1 + len(arrays) + 2 * len(host_positions)}Q").pack, [0])
-
-
-def raise_failure(operator: Operator, api: SimpleNamespace, status: int, step: int) -> None:
-    """Raises for a failed acl_swiglu_one_shot, naming the call that failed first, with the
-    message it left (read by the helper right after the failure)."""
-    message = api.hot.acl_swiglu_one_shot_message
-    description = operator.description
-    if step == _ffi.ONE_SHOT_STEP_PHASE1 or step == _ffi.ONE_SHOT_STEP_LAUNCH:
-        _ffi.raise_status(status, description.phase1 if step == _ffi.ONE_SHOT_STEP_PHASE1 else description.phase2, message,
-                          operator.describe_arguments)
-    if step in _ffi.ONE_SHOT_MADE_NULL:
-        _ffi.raise_null(_ffi.ONE_SHOT_STEP_APIS[step], message)
-    _ffi.raise_status(status, _ffi.ONE_SHOT_STEP_APIS.get(step, "acl_swiglu_one_shot"), message)

@@ -327,22 +327,6 @@ class DeviceBuffer(Owned):
         return f"<DeviceBuffer 0x{self.ptr:x} {self.nbytes} bytes {owner}>"
 
 
-_layout_ids: Dict[Tuple[Any, ...], int] = {}
-_LAYOUT_IDS_KEPT = 4096
-
-
-def layout_id(layout: Tuple[Any, ...]) -> int:
-    """A number that stands for exactly this layout, so that a call's cache key is a tuple of
-    ints, cheap to hash. Numbers are never reused: forgetting them only costs cache misses."""
-    with state.lock:
-        number = _layout_ids.get(layout)
-        if number is None:
-            if len(_layout_ids) >= _LAYOUT_IDS_KEPT:
-                _layout_ids.clear()
-            number = _layout_ids[layout] = state.next_number()
-    return number
-
-
 # ---- access records ----
 
 
@@ -437,7 +421,6 @@ class DeviceArray:
         self._address = 0 if buffer is None else buffer.ptr   # (fixed for the array's life)
         self._life: Optional[Life] = None if buffer is None else buffer._life   # what a launch holds
         self._layout = (self.shape, self.dtype, self.strides, self.offset)
-        self._layout_id = layout_id(self._layout)
         self._access = Access() if buffer is None else buffer._access
 
     # -- construction --

@@ -123,7 +123,7 @@ class HelperLaunch(ctypes.Structure):
 
 
 # What acl_swiglu_launch's result says in its upper 32 bits (the lower 32: the failed call's status).
-LAUNCH_PHASE2_FAILED, LAUNCH_SYNC_FAILED = 1, 2
+LAUNCH_PHASE2_FAILED = 1   # (2: the synchronisation failed)
 
 
 class OneShotApi(ctypes.Structure):
@@ -158,6 +158,25 @@ ONE_SHOT_STEP_APIS = {1: "aclrtMalloc", 2: "aclrtMemcpy", 3: "aclCreateTensor", 
                       6: "aclrtMalloc", 8: "aclrtSynchronizeStream", 9: "aclrtMemcpy", 10: "acl_swiglu_one_shot",
                       11: "aclrtMemset"}
 ONE_SHOT_MADE_NULL = (3, 4)   # constructors that returned NULL: their message holds the code
+
+
+def operator_declarations(phase1: str, phase2: str, thunk: str, phase1_params: Sequence[Any]) -> Tuple[Declaration, ...]:
+    """An operator's rows: its two phases (phase 1 taking `phase1_params`, then workspaceSize and
+    executor), and its phase-1 thunk in the helper (binding/<operator>.c)."""
+    return (Declaration("operator", phase1, aclnnStatus, (*phase1_params, POINTER(c_uint64), POINTER(aclOpExecutor_p)),
+                        STATUS, fast=True),
+            Declaration("operator", phase2, aclnnStatus, (c_void_p, c_uint64, aclOpExecutor_p, aclrtStream_p), STATUS,
+                        fast=True),
+            Declaration("helper", thunk, c_int32, (c_void_p,) * 5, PLAIN))
+
+
+def one_shot_api(bound: SimpleNamespace, thunk: str, phase1: str, phase2: str) -> OneShotApi:
+    """The one_shot_api of one operator: the functions acl_swiglu_one_shot calls, from the loaded
+    libraries."""
+    symbols = ("aclrtMalloc", "aclrtFree", "aclrtMemcpy", "aclrtMemset", "aclCreateTensor", "aclDestroyTensor",
+               "aclCreateIntArray", "aclDestroyIntArray", "aclDestroyAclOpExecutor", "aclrtSynchronizeStream",
+               "aclGetRecentErrMsg", thunk, phase1, phase2)
+    return OneShotApi(*(c_address(bound, symbol, phase1) for symbol in symbols))
 
 
 # Only the emulator has these (acl_emu/acl_emu.h).
@@ -219,6 +238,28 @@ def raise_null(api: str, get_message: GetMessage) -> NoReturn:
     found = _STATUS_IN_TEXT.search(message)
     code = int(found.group(1)) if found else 561103
     raise error_class(code)(code, api, message or f"{api} returned NULL")
+
+
+def raise_launch_failure(result: int, phase2: str, get_message: GetMessage,
+                         describe_arguments: Callable[[str], str]) -> NoReturn:
+    """Raises for a failed acl_swiglu_launch (`result`: LAUNCH_* in the upper 32 bits, the failed
+    call's status in the lower)."""
+    status = ctypes.c_int32(result & 0xFFFFFFFF).value
+    if result >> 32 == LAUNCH_PHASE2_FAILED:
+        raise_status(status, phase2, get_message, describe_arguments)
+    raise_status(status, "aclrtSynchronizeStream", get_message)
+
+
+def raise_one_shot_failure(status: int, step: int, phase1: str, phase2: str,
+                           describe_arguments: Callable[[str], str]) -> NoReturn:
+    """Raises for a failed acl_swiglu_one_shot, naming the call that failed first (its step), with
+    the message it left (read by the helper right after the failure)."""
+    message = api().hot.acl_swiglu_one_shot_message
+    if step == ONE_SHOT_STEP_PHASE1 or step == ONE_SHOT_STEP_LAUNCH:
+        raise_status(status, phase1 if step == ONE_SHOT_STEP_PHASE1 else phase2, message, describe_arguments)
+    if step in ONE_SHOT_MADE_NULL:
+        raise_null(ONE_SHOT_STEP_APIS[step], message)
+    raise_status(status, ONE_SHOT_STEP_APIS.get(step, "acl_swiglu_one_shot"), message)
 
 
 def check(api: SimpleNamespace, status: int, name: str) -> None:

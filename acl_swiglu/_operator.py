@@ -140,7 +140,7 @@ def layout_key(abi: int, values: Sequence[Any]) -> Optional[Tuple[Any, ...]]:
         if value is None:
             key.append(None)
         elif kind is DeviceArray:
-            key.append(value._layout_id)
+            key.append(value._layout)
         elif kind is np.ndarray:
             key.append((value.dtype, value.shape, value.strides))
         elif kind in _KEY_SCALARS:
@@ -196,20 +196,16 @@ class Operator:
         return self._signatures[self.description.revision()]
 
     def declarations(self) -> Tuple[_ffi.Declaration, ...]:
-        """The operator's C functions, as _ffi rows (phase 1 with the prototype of the revision in
-        use at binding time: every revision passes one pointer per handle)."""
+        """The operator's C functions, as _ffi rows (phase 1 with the prototype of the newest
+        revision: every revision passes one pointer per handle)."""
         d = self.description
-        revision = d.revisions[max(d.revisions)]
-        argtypes = tuple(ctypes.c_void_p if p.kind in _HANDLE_KINDS else _SCALAR_TYPES[p.kind] for p in revision.params)
-        pointer = ctypes.c_void_p
-        return (_ffi.Declaration("operator", d.phase1, _ffi.aclnnStatus,
-                                 argtypes + (ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(_ffi.aclOpExecutor_p)),
-                                 _ffi.STATUS, fast=True),
-                _ffi.Declaration("operator", d.phase2, _ffi.aclnnStatus,
-                                 (pointer, ctypes.c_uint64, _ffi.aclOpExecutor_p, _ffi.aclrtStream_p), _ffi.STATUS,
-                                 fast=True),
-                _ffi.Declaration("helper", d.thunk, ctypes.c_int32, (pointer, pointer, pointer, pointer, pointer),
-                                 _ffi.PLAIN))
+        params = d.revisions[max(d.revisions)].params
+        return _ffi.operator_declarations(d.phase1, d.phase2, d.thunk, tuple(
+            ctypes.c_void_p if p.kind in _HANDLE_KINDS else _SCALAR_TYPES[p.kind] for p in params))
+
+    def raise_launch_failure(self, result: int) -> None:
+        """Raises for a failed acl_swiglu_launch of this operator's executor."""
+        _ffi.raise_launch_failure(result, self.description.phase2, self.api().get_message, self.describe_arguments)
 
     def api(self) -> SimpleNamespace:
         """The C API with this operator's functions bound (on this thread's device)."""

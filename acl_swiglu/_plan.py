@@ -28,15 +28,6 @@ from .runtime import Owned, Use, _runtime, at_fork_in_child, in_forked_child, re
 from .tensor import AclTensor, TensorView
 
 
-def raise_launch_failure(operator: Operator, api: Any, result: int) -> None:
-    """Raises for a failed acl_swiglu_launch (nothing for 0)."""
-    if result:
-        status = ctypes.c_int32(result & 0xFFFFFFFF).value
-        if result >> 32 == _ffi.LAUNCH_PHASE2_FAILED:
-            operator.check_status(api, status, operator.description.phase2)
-        _ffi.raise_status(status, "aclrtSynchronizeStream", api.get_message)
-
-
 class Binding(Owned):
     """A repeatable executor over its own tensor handles, one per array parameter; ``bind``
     points them at arrays of the same layouts. Used by one call at a time: its plan's (under the
@@ -221,7 +212,7 @@ class Plan:
                 self._operator.description.guard(self._problem, self._arguments, self._signature.revision)
             result = self._launch_call(self._launch_argument, synchronize)
             if result:
-                raise_launch_failure(self._operator, self._operator.api(), result)
+                self._operator.raise_launch_failure(result)
             expected = start if checked else record_launch(self._inputs_bound, self._outputs_bound,
                                                            self.stream._life, start)
             if state.epoch != expected:

@@ -39,18 +39,12 @@ class _State:
         # allocation, also while the lock is held.
         self.lock = threading.RLock()
         self.epoch = 0
-        self._numbers = 0
         self.due: Set[Life] = set()   # closed lives not yet freed
         # References to the lives a thread may be waiting on (owned streams), each dropped with its life.
         self.waited: "Set[weakref.ReferenceType[Life]]" = set()
         # Lives whose owners were garbage-collected, appended by their finalizers (a C-level
         # append: a finalizer an exception interrupts has either recorded its life or not run).
         self.collected: List[Life] = []
-
-    def next_number(self) -> int:
-        """A number never given before in this process (under the lock)."""
-        self._numbers += 1
-        return self._numbers
 
 
 state = _State()
@@ -67,7 +61,7 @@ class Life:
     arriving right after still leaves it to be freed. It is set to None by the statement that
     frees it."""
 
-    __slots__ = ("handle", "destroy", "device", "holders", "streams", "closed", "freeing", "key", "__weakref__")
+    __slots__ = ("handle", "destroy", "device", "holders", "streams", "closed", "key", "__weakref__")
 
     def __init__(self, destroy: Optional[Destroy] = None, handle: Any = None, device: Optional[int] = None) -> None:
         self.handle = handle
@@ -76,7 +70,6 @@ class Life:
         self.holders: Set[Use] = set()   # the Uses that may hold it (those still active do)
         self.streams: Optional[Set[Life]] = None   # lives of streams whose queued work may use it
         self.closed = False
-        self.freeing = False   # taken out of state.due by the thread freeing it
         self.key = 0
 
     def wait(self) -> None:
@@ -127,7 +120,6 @@ def _next_due() -> Optional[Life]:
     for life in state.due:
         if life.closed and (exiting or not _held(life)):
             state.due.discard(life)
-            life.freeing = True
             return life
     return None
 
@@ -176,7 +168,6 @@ def release_due() -> None:
         except BaseException:
             if life is not None and life.handle is not None:
                 with state.lock:
-                    life.freeing = False
                     state.due.add(life)
             raise
 

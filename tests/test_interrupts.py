@@ -377,7 +377,6 @@ TARGETS: Dict[str, Tuple[Callable[..., Any], List[Operation]]] = {
 
     "_device.DeviceBuffer.__init__": (_device.DeviceBuffer.__init__, [Copies(), DeviceCall(allocate=True)]),
     "_device.DeviceBuffer._copy": (_device.DeviceBuffer._copy, [Copies()]),
-    "_device.layout_id": (_device.layout_id, [Copies()]),
     "_device.access_of": (_device.access_of, [Borrowed()]),
     "_device.Stream.from_handle": (_device.Stream.from_handle, [Borrowed()]),
     "_device.order_launch": (_device.order_launch, [DeviceCall(), PlanCall(rebind=True)]),
@@ -415,7 +414,6 @@ TARGETS: Dict[str, Tuple[Callable[..., Any], List[Operation]]] = {
     "_aclnn._bind_and_launch": (_aclnn._bind_and_launch, [DeviceCall(), DeviceCall(allocate=True), DeviceCall(abi=1)]),
     "_aclnn.workspace_size": (_aclnn.workspace_size, [Phases()]),
     "_arena.arena_layout": (_arena.arena_layout, [OneShot()]),
-    "_arena.helper_api": (_arena.helper_api, [OneShot()]),
 }
 
 # Acquiring (run at interpreter exit only, or a fork hook): checked by their own tests in

@@ -298,7 +298,7 @@ def test_one_relative_custom_entry_among_absolute_ones_is_refused(tmp_path, fake
 
 def test_empty_custom_entries_never_mean_the_current_directory(tmp_path, fake_libs):
     root = standard_root(tmp_path, fake_libs)
-    cwd_lib = make_root(tmp_path, fake_libs, {"op_api/lib/libcust_opapi.so": "cust_opapi"})
+    make_root(tmp_path, fake_libs, {"op_api/lib/libcust_opapi.so": "cust_opapi"})
     result = discover(tmp_path, ASCEND_HOME_PATH=root,
                       ASCEND_CUSTOM_OPP_PATH=f"{os.pathsep}{os.pathsep}{tmp_path / 'nothing'}{os.pathsep}")
     info = expect_info(result)

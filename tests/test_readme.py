@@ -9,7 +9,6 @@ import shutil
 import subprocess
 import sys
 from importlib import metadata
-from pathlib import Path
 
 import pytest
 

@@ -566,7 +566,6 @@ def test_npu_tensors_match_cpu_tensors():
     for dst, mode in KINDS:
         on_cpu = at.swiglu_group_quant(x, weight, dst_type=dst, quant_mode=mode)
         on_npu = at.swiglu_group_quant(x.npu(), weight.npu(), dst_type=dst, quant_mode=mode)
-        kind = formats.DST_TYPES[dst]
         verdict = reference.compare_quantised(_bytes(on_npu[0].cpu()),
                                               _bytes(on_npu[1].cpu()) if mode == 1 else on_npu[1].cpu().numpy(),
                                               _numpy(x), weight.numpy(), dst_type=dst, quant_mode=mode,
