@@ -101,31 +101,6 @@ def release_cached() -> None:
 # export an array writable and contiguous (read-only, strided or empty arrays).
 addressof, from_buffer, BYTES = ctypes.addressof, ctypes.c_char.from_buffer, np.dtype(np.uint8)
 _Report = ctypes.c_uint64 * 4   # the helper's report: [step, index, workspace size, releases that failed]
-_SCALAR_KINDS = (float, int, bool, str)
-
-
-def _host_key(abi: int, names: Tuple[str, ...], values: List[Any]) -> Optional[Tuple[Any, ...]]:
-    """What a one-shot call's layout depends on: types, dtypes, shapes, strides and scalar values,
-    in argument order; None for an argument of another kind (a sequence, say): then nothing is
-    reused. A NumPy array argument that is not a plain ndarray (a subclass, or a proxy) is made
-    the plain ndarray over the same memory first, in `values` (read through its own view(): in
-    native byte order, a converted copy)."""
-    key: List[Any] = [abi]
-    reusable = True
-    for index, value in enumerate(values):
-        kind = type(value)
-        if kind is np.ndarray:
-            key.append((value.dtype, value.shape, value.strides))
-        elif value is None:
-            key.append(None)
-        elif kind in _SCALAR_KINDS:
-            key.append((kind, value))
-        elif isinstance(value, np.ndarray):
-            values[index] = value = plain_array(value, names[index])
-            key.append((value.dtype, value.shape, value.strides))
-        else:
-            reusable = False
-    return tuple(key) if reusable else None
 
 
 def _one_shot_layout(operator: Operator, signature: Signature, values: List[Any],
@@ -158,7 +133,7 @@ def one_shot(operator: Operator, given: Dict[str, Any]) -> List[Optional[np.ndar
     signature = operator.signature()
     names = operator.argument_names
     values: List[Any] = list(map(given.get, names))
-    key = _host_key(signature.abi, names, values)
+    key = layout_key(signature.abi, values, names)
     layout = operator.one_shots.get(key) if key is not None else None
     if layout is None:
         layout = _one_shot_layout(operator, signature, values, key)
@@ -193,7 +168,8 @@ def one_shot(operator: Operator, given: Dict[str, Any]) -> List[Optional[np.ndar
     if helper is None or helper[0] is not api:
         d = operator.description
         table = _ffi.one_shot_api(api, d.thunk, d.phase1, d.phase2)
-        helper = _helper_apis[operator] = (api, table, ctypes.byref(table))
+        with state.lock:
+            helper = _helper_apis[operator] = (api, table, ctypes.byref(table))
     words = layout.pack(layout.workspace[0], *addresses)
     report = _Report()
     while True:

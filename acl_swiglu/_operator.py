@@ -14,11 +14,12 @@ from operator import itemgetter
 import struct
 import weakref
 from types import SimpleNamespace
-from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, TypeVar, cast
 
 import numpy as np
 
 from . import _ffi
+from ._checks import plain_array
 from ._device import DeviceArray, DeviceBuffer, Stream, default_stream, lives_of, order_launch, record_launch
 from .errors import ArgumentError, HandleClosedError
 from .runtime import Owned, Use, current_device, runtime_api, state
@@ -130,24 +131,31 @@ _KEY_SCALARS = (float, int, bool, str)
 _PROBLEMS_KEPT = 256
 
 
-def layout_key(abi: int, values: Sequence[Any]) -> Optional[Tuple[Any, ...]]:
+def layout_key(abi: int, values: Sequence[Any], names: Optional[Sequence[str]] = None) -> Optional[Tuple[Any, ...]]:
     """What a call's validation depends on, as a tuple that is cheap to hash: types, dtypes,
     shapes, strides and scalar values, in argument order; None when an argument is of a kind
-    whose checks look at more (sequences, subclasses, proxies): then nothing is reused."""
+    whose checks look at more (a sequence, say): then nothing is reused. With `names` (host
+    calls), a NumPy array that is not a plain ndarray (a subclass, or a proxy) is made the plain
+    ndarray over the same memory first, in `values` (read through its own view(): in native byte
+    order, a converted copy); without, such an array is not reused either."""
     key: List[Any] = [abi]
-    for value in values:
+    reusable = True
+    for index, value in enumerate(values):
         kind = type(value)
-        if value is None:
-            key.append(None)
+        if kind is np.ndarray:
+            key.append((value.dtype, value.shape, value.strides))
         elif kind is DeviceArray:
             key.append(value._layout)
-        elif kind is np.ndarray:
-            key.append((value.dtype, value.shape, value.strides))
+        elif value is None:
+            key.append(None)
         elif kind in _KEY_SCALARS:
             key.append((kind, value))
+        elif names is not None and isinstance(value, np.ndarray):
+            value = cast(List[Any], values)[index] = plain_array(value, names[index])
+            key.append((value.dtype, value.shape, value.strides))
         else:
-            return None
-    return tuple(key)
+            reusable = False
+    return tuple(key) if reusable else None
 
 
 _T = TypeVar("_T")
