@@ -410,17 +410,13 @@ class DeviceArray:
     def __init__(self, buffer: Optional[DeviceBuffer], shape: Sequence[int], dtype: npt.DTypeLike,
                  strides: Optional[Sequence[int]] = None, offset: int = 0) -> None:
         self.buffer = buffer
-        self.shape = check_shape(shape)
-        self.dtype = check_device_dtype(dtype)
-        if strides is None:
-            self.strides = contiguous_strides(self.shape)
-        else:
-            self.strides = tuple(whole_number(s, "strides", 0) for s in strides)
-        self.offset = whole_number(offset, "offset")
+        dims = check_shape(shape)
+        steps = contiguous_strides(dims) if strides is None else tuple(whole_number(s, "strides", 0) for s in strides)
+        # Fixed for the array's life (read-only attributes): what validation saw is what launches use.
+        self._layout = (dims, check_device_dtype(dtype), steps, whole_number(offset, "offset"))
         self._dead = False
         self._address = 0 if buffer is None else buffer.ptr   # (fixed for the array's life)
         self._life: Optional[Life] = None if buffer is None else buffer._life   # what a launch holds
-        self._layout = (self.shape, self.dtype, self.strides, self.offset)
         self._access = Access() if buffer is None else buffer._access
 
     # -- construction --
@@ -471,6 +467,26 @@ class DeviceArray:
         return array
 
     # -- geometry --
+
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        """The dims."""
+        return self._layout[0]
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The element type."""
+        return self._layout[1]
+
+    @property
+    def strides(self) -> Tuple[int, ...]:
+        """Element strides, one per dim."""
+        return self._layout[2]
+
+    @property
+    def offset(self) -> int:
+        """Elements from the buffer's start to the first element of the view."""
+        return self._layout[3]
 
     @property
     def ndim(self) -> int:

@@ -55,6 +55,9 @@ def check_clamp_limit(clamp_limit: object) -> Optional[float]:
         value = float(clamp_limit)
     except OverflowError:
         raise ArgumentError(f"clamp_limit {clamp_limit} is beyond float32 range; the operator uses it as fp32") from None
+    except (TypeError, ValueError) as exc:   # (a number only in name: a proxy, a broken __float__)
+        raise TypeError(f"clamp_limit must be None (off) or a real number > 0, got {_describe(clamp_limit)} "
+                        f"that float() refuses ({exc})") from None
     if value != value or value == math.inf or value == -math.inf:   # (comparisons: traceable by torch.compile)
         raise ArgumentError(f"clamp_limit must be a finite number > 0 (or None for off), got {value}")
     if value <= 0:

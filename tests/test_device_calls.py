@@ -62,6 +62,22 @@ def test_repeated_calls_give_the_bits(weighted_setup):
         check()
 
 
+@pytest.mark.parametrize("attribute, value", [("shape", (2, 2)), ("strides", (0, 0)), ("offset", 1),
+                                              ("dtype", np.dtype(np.float16))])
+def test_an_arrays_layout_is_fixed_once_made(weighted_setup, attribute, value):
+    """What validation saw is what later calls launch with: a layout cannot be changed under the
+    executors kept for it."""
+    run, check, (d_gy, *_) = weighted_setup
+    for _ in range(3):
+        run()
+    before = getattr(d_gy, attribute)
+    with pytest.raises(AttributeError):
+        setattr(d_gy, attribute, value)
+    assert getattr(d_gy, attribute) == before
+    run()
+    check()
+
+
 def test_calls_alternating_outputs_given_and_made():
     gy, x = case(6, 24, seed=11)
     expected = want(gy, x, 1.25)

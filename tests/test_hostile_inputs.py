@@ -15,6 +15,7 @@ import pytest
 
 import acl_swiglu
 from acl_swiglu import reference
+from swiglu_cases import Proxy
 
 T, H = 8, 16
 
@@ -126,6 +127,18 @@ def test_bad_clamp_limits_are_refused(clamp, exc, words):
     with pytest.raises(exc) as info:
         acl_swiglu.swiglu_group_quant_grad(gy, x, clamp_limit=clamp)
     assert "clamp_limit" in str(info.value) and words in str(info.value)
+
+
+@pytest.mark.parametrize("call", ["one-shot", "device"])
+def test_a_number_only_in_name_is_refused_as_clamp_limit(call):
+    """A transparent proxy of a float passes isinstance(numbers.Real) but float() refuses it."""
+    gy, x, _, _ = _inputs()
+    with pytest.raises(TypeError, match="clamp_limit must be None .* Proxy"):
+        if call == "one-shot":
+            acl_swiglu.swiglu_group_quant_grad(gy, x, clamp_limit=Proxy(1.5))
+        else:
+            with acl_swiglu.to_device(gy) as d_gy, acl_swiglu.to_device(x) as d_x:
+                acl_swiglu.swiglu_group_quant_grad_device(d_gy, d_x, clamp_limit=Proxy(1.5))
 
 
 def test_numpy_scalars_are_taken_as_their_values():
