@@ -249,12 +249,12 @@ class DeviceBuffer(Owned):
 
     def __init__(self, nbytes: int):
         super().__init__()
-        self.nbytes = check_nbytes(nbytes)
+        self._nbytes = check_nbytes(nbytes)
         api = runtime_api()
         free_collected()
         ptr = ctypes.c_void_p()
         self._prepare(api.raw.aclrtFree, ptr, current_device())
-        api.aclrtMalloc(ctypes.byref(ptr), self.nbytes, ACL_MEM_MALLOC_HUGE_FIRST)
+        api.aclrtMalloc(ctypes.byref(ptr), self._nbytes, ACL_MEM_MALLOC_HUGE_FIRST)
         with state.lock:   # (fresh memory: no record of what was freed at this address before)
             self._access = _accesses[ptr.value or 0] = Access()
 
@@ -264,10 +264,15 @@ class DeviceBuffer(Owned):
         address = whole_number(ptr, "ptr", 1, ADDRESS_MAX)
         buffer = cls.__new__(cls)
         Owned.__init__(buffer)
-        buffer.nbytes = check_nbytes(nbytes)
+        buffer._nbytes = check_nbytes(nbytes)
         buffer._borrow(ctypes.c_void_p(address))
         buffer._access = access_of(address)
         return buffer
+
+    @property
+    def nbytes(self) -> int:
+        """Its size in bytes (fixed: copies and tensors over it are checked against it)."""
+        return self._nbytes
 
     @property
     def ptr(self) -> int:
@@ -409,7 +414,7 @@ class DeviceArray:
 
     def __init__(self, buffer: Optional[DeviceBuffer], shape: Sequence[int], dtype: npt.DTypeLike,
                  strides: Optional[Sequence[int]] = None, offset: int = 0) -> None:
-        self.buffer = buffer
+        self._buffer = buffer
         dims = check_shape(shape)
         steps = contiguous_strides(dims) if strides is None else tuple(whole_number(s, "strides", 0) for s in strides)
         # Fixed for the array's life (read-only attributes): what validation saw is what launches use.
@@ -460,13 +465,16 @@ class DeviceArray:
         elif whole_number(nbytes, "nbytes") < needed:
             raise ArgumentError(f"the view needs {needed} bytes from ptr but nbytes is {nbytes}")
         if nbytes:
-            array.buffer = DeviceBuffer.wrap(address, nbytes)
-            array._address = address
-            array._life = array.buffer._life
-            array._access = array.buffer._access
+            buffer = array._buffer = DeviceBuffer.wrap(address, nbytes)
+            array._address, array._life, array._access = address, buffer._life, buffer._access
         return array
 
     # -- geometry --
+
+    @property
+    def buffer(self) -> Optional[DeviceBuffer]:
+        """The device memory the view is of (None for an empty array without memory)."""
+        return self._buffer
 
     @property
     def shape(self) -> Tuple[int, ...]:

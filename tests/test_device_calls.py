@@ -63,7 +63,7 @@ def test_repeated_calls_give_the_bits(weighted_setup):
 
 
 @pytest.mark.parametrize("attribute, value", [("shape", (2, 2)), ("strides", (0, 0)), ("offset", 1),
-                                              ("dtype", np.dtype(np.float16))])
+                                              ("dtype", np.dtype(np.float16)), ("buffer", None)])
 def test_an_arrays_layout_is_fixed_once_made(weighted_setup, attribute, value):
     """What validation saw is what later calls launch with: a layout cannot be changed under the
     executors kept for it."""

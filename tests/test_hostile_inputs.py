@@ -141,6 +141,16 @@ def test_a_number_only_in_name_is_refused_as_clamp_limit(call):
                 acl_swiglu.swiglu_group_quant_grad_device(d_gy, d_x, clamp_limit=Proxy(1.5))
 
 
+def test_a_buffers_size_is_fixed_once_made():
+    """Copies are checked against the size: a larger one set afterwards would let them write past
+    the allocation."""
+    with acl_swiglu.DeviceBuffer(64) as buffer:
+        with pytest.raises(AttributeError):
+            buffer.nbytes = 1 << 20
+        with pytest.raises(acl_swiglu.ArgumentError, match="exceeds the buffer's 64 bytes"):
+            buffer.copy_from_host(np.zeros(1024, np.uint8))
+
+
 def test_numpy_scalars_are_taken_as_their_values():
     gy, x, _, _ = _inputs()
     want, _ = acl_swiglu.swiglu_group_quant_grad(gy, x, clamp_limit=1.0)
