@@ -334,9 +334,9 @@ class Executor(Owned):
                  host_values: Mapping[str, np.ndarray], scalars: Sequence[Any],
                  views: Mapping[str, TensorView]) -> None:
         super().__init__()
-        self.workspace_size = 0
-        self.repeatable = False
-        self.launches = 0
+        self._workspace_size = 0
+        self._repeatable = False
+        self._launches = 0
         self._operator = operator
         self._arrays = dict(arrays)
         self._inputs = [a for name, a in self._arrays.items() if name not in signature.output_names]
@@ -347,17 +347,32 @@ class Executor(Owned):
         try:
             if not self._hold.take():
                 check_open(self._arrays)
-            self._tensors, self.workspace_size = make_executor(self, operator, signature, arrays, host_values,
+            self._tensors, self._workspace_size = make_executor(self, operator, signature, arrays, host_values,
                                                                scalars, views)
         except BaseException:
             self.close()
             raise
 
+    @property
+    def workspace_size(self) -> int:
+        """Bytes of workspace phase 2 needs (what phase 1 asked for)."""
+        return self._workspace_size
+
+    @property
+    def repeatable(self) -> bool:
+        """True once make_repeatable() was called: launches do not consume it."""
+        return self._repeatable
+
+    @property
+    def launches(self) -> int:
+        """How many times phase 2 was called with it."""
+        return self._launches
+
     def make_repeatable(self) -> None:
         """aclSetAclOpExecutorRepeatable: keep the executor for many launches."""
         self.check_open()
         runtime_api().aclSetAclOpExecutorRepeatable(self)
-        self.repeatable = True
+        self._repeatable = True
 
     def launch(self, stream: Optional[Stream] = None, workspace: Optional[DeviceBuffer] = None) -> None:
         """Phase 2 on `stream` (default stream if None). The work runs asynchronously: wait
@@ -396,7 +411,7 @@ class Executor(Owned):
         handle = self._as_parameter_
         status = getattr(api.hot, phase2)(ctypes.c_void_p(workspace), ctypes.c_uint64(self.workspace_size), handle,
                                           stream._address)
-        self.launches += 1
+        self._launches += 1
         if not self.repeatable:
             # CANN consumed it, failed or not: never destroy it ourselves.
             self._disown()

@@ -124,7 +124,7 @@ class Plan:
         signature = self._signature = operator.signature()
         values = [arguments.get(name) for name in operator.argument_names]
         problem = self._problem = operator.problem(signature, arguments, values, True)
-        self.stream = stream_argument(stream)
+        self._stream = stream_argument(stream)
         # (an RLock knows the thread holding it, _is_owned(): a call from inside a call is refused)
         self._lock: Any = threading.RLock()
         self._closed = False
@@ -133,12 +133,12 @@ class Plan:
         self._retired: List[Binding] = []   # executors rebinds replaced, closed before the next launch
         self._workspace: Optional[DeviceBuffer] = None
         self._owned_outputs: List[DeviceArray] = []
-        self._use = Use((self.stream._life,), self.stream._life)   # what the plan holds, until close() or collection
+        self._use = Use((self._stream._life,), self._stream._life)   # what the plan holds, until close() or collection
         self._let_go = weakref.finalize(self, setattr, self._use, "active", False)
         _plans.add(self)
         try:
             if not self._use.take():
-                self.stream.check_open("stream")
+                self._stream.check_open("stream")
             guarded = operator.description.guard(problem, arguments, signature.revision)
             for name, (shape, dtype) in problem.outputs.items():
                 if arguments.get(name) is None:
@@ -168,7 +168,7 @@ class Plan:
     def _point_launch(self) -> None:
         binding = self._binding
         assert binding is not None
-        binding.launch.stream = self.stream._address.value
+        binding.launch.stream = self._stream._address.value
         binding.launch.workspace = None if self._workspace is None else self._workspace.ptr
         self._launch_call, self._launch_argument = binding.launch_call, binding.launch_argument
 
@@ -177,6 +177,11 @@ class Plan:
         self._outputs = tuple(self._arrays.get(name) for name in names)
         self._inputs_bound = [a for name, a in self._arrays.items() if name not in names]
         self._outputs_bound = [a for a in self._outputs if a is not None]
+
+    @property
+    def stream(self) -> Stream:
+        """The stream the plan's calls are queued on (fixed when the plan is built)."""
+        return self._stream
 
     @property
     def workspace_size(self) -> int:
@@ -214,7 +219,7 @@ class Plan:
             if result:
                 self._operator.raise_launch_failure(result)
             expected = start if checked else record_launch(self._inputs_bound, self._outputs_bound,
-                                                           self.stream._life, start)
+                                                           self._stream._life, start)
             if state.epoch != expected:
                 self._checked_at = -1
                 self._check_bindings()   # something was closed during the launch: this call fails
@@ -232,7 +237,7 @@ class Plan:
         self._close_retired()
         binding = self._binding
         assert binding is not None
-        stream = self.stream._life
+        stream = self._stream._life
         held = [stream, binding._life, *lives_of(self._arrays.values())]
         if self._workspace is not None:
             held.append(self._workspace._life)
@@ -259,7 +264,7 @@ class Plan:
         if self._closed:
             raise HandleClosedError(f"this {type(self).__name__} was closed")
         check_open(self._arrays)
-        self.stream.check_open("stream")
+        self._stream.check_open("stream")
 
     def _rebind(self, arrays: Tuple[Any, ...], named: Dict[str, Any]) -> None:
         """Takes new arrays (and host values) for some parameters: all of them, or, when one is
@@ -350,11 +355,11 @@ class Plan:
             lock.acquire()
             if not self._closed:
                 self._closed = True
-                if self._binding is not None and not self.stream.closed:
+                if self._binding is not None and not self._stream.closed:
                     # Reports a failure of queued work here. (Another thread may close the stream
                     # just now: as if it had been closed before.)
                     with suppress(HandleClosedError):
-                        self.stream.synchronize()
+                        self._stream.synchronize()
         finally:
             if lock._is_owned():
                 try:
@@ -385,7 +390,7 @@ class Plan:
         if self._closed:
             return f"<{name} closed>"
         shapes = ", ".join(f"{n}={a.shape}" for n, a in self._arrays.items())
-        return f"<{name} {shapes} on {self.stream!r}, workspace {self.workspace_size} bytes>"
+        return f"<{name} {shapes} on {self._stream!r}, workspace {self.workspace_size} bytes>"
 
     def __enter__(self: _Self) -> _Self:
         return self

@@ -151,6 +151,30 @@ def test_a_buffers_size_is_fixed_once_made():
             buffer.copy_from_host(np.zeros(1024, np.uint8))
 
 
+def test_what_launches_rely_on_cannot_be_reassigned():
+    """A plan's stream and an executor's workspace size and repeatability are what its launches
+    are made with: reassigning them would make the object say one thing and do another (a
+    single-use executor taken for repeatable is one CANN frees and the package would free again)."""
+    gy, x, _, _ = _inputs()
+    with acl_swiglu.Stream() as stream, acl_swiglu.Stream() as other, acl_swiglu.to_device(gy) as d_gy, \
+            acl_swiglu.to_device(x) as d_x, acl_swiglu.DeviceArray.empty(x.shape, x.dtype) as d_gx:
+        want = acl_swiglu.swiglu_group_quant_grad(gy, x)[0]
+        with acl_swiglu.SwigluGroupQuantGradPlan(d_gy, d_x, grad_x=d_gx, stream=stream) as plan:
+            with pytest.raises(AttributeError):
+                plan.stream = other
+            assert plan.stream is stream
+            plan(synchronize=True)
+        with acl_swiglu.get_workspace_size(d_gy, d_x, grad_x=d_gx) as executor:
+            for attribute, value in (("repeatable", True), ("workspace_size", 0), ("launches", 5)):
+                with pytest.raises(AttributeError):
+                    setattr(executor, attribute, value)
+            assert not executor.repeatable and executor.launches == 0
+            executor.launch(stream)
+            stream.synchronize()
+            assert executor.launches == 1 and executor.closed
+        assert np.array_equal(_bits(d_gx.to_numpy()), _bits(want))
+
+
 def test_numpy_scalars_are_taken_as_their_values():
     gy, x, _, _ = _inputs()
     want, _ = acl_swiglu.swiglu_group_quant_grad(gy, x, clamp_limit=1.0)

@@ -264,7 +264,7 @@ def test_a_plan_closes_cleanly_when_another_thread_closes_its_stream_meanwhile(o
     plan = acl_swiglu.SwigluGroupQuantGradPlan(d_gy, d_x, clamp_limit=CLAMP, stream=stream)
     plan()
     try:
-        with _at_line(_plan.Plan.close, "self.stream.synchronize()", other_thread_closes_the_stream) as fired:
+        with _at_line(_plan.Plan.close, "self._stream.synchronize()", other_thread_closes_the_stream) as fired:
             plan.close()   # must not raise: the plan is closed and everything released either way
         assert fired
     finally:
