@@ -24,8 +24,8 @@ from ._checks import (ADDRESS_MAX, MAX_ALLOCATION, check_device_dtype, check_nby
                       whole_number)
 from ._dtypes import dtype_name
 from .errors import ArgumentError, HandleClosedError
-from .runtime import (Destroy, Life, Owned, Use, current_device, free_collected, in_forked_child, joined,
-                      release_due, runtime_api, state, watch_waits)
+from .runtime import (Destroy, Life, Owned, Uncopyable, Use, current_device, free_collected, in_forked_child,
+                      joined, release_due, runtime_api, state, watch_waits)
 
 ACL_MEM_MALLOC_HUGE_FIRST = 0
 MEMCPY_HOST_TO_DEVICE = 1
@@ -282,8 +282,8 @@ class DeviceBuffer(Owned):
 
     def _check_range(self, nbytes: int, offset: int) -> None:
         offset = whole_number(offset, "offset")
-        if offset + nbytes > self.nbytes:
-            raise ArgumentError(f"copy of {nbytes} bytes at offset {offset} exceeds the buffer's {self.nbytes} bytes")
+        if offset + nbytes > self._nbytes:
+            raise ArgumentError(f"copy of {nbytes} bytes at offset {offset} exceeds the buffer's {self._nbytes} bytes")
 
     def copy_from_host(self, host: np.ndarray, offset: int = 0) -> None:
         """Synchronous copy of a C-contiguous host array's bytes to offset."""
@@ -317,7 +317,7 @@ class DeviceBuffer(Owned):
                 raise HandleClosedError(f"this {self._kind} was closed; it cannot be used any more")
             device = self._life.handle.value + offset   # (held: freed only after the copy)
             if kind == MEMCPY_HOST_TO_DEVICE:
-                api.aclrtMemcpy(device, self.nbytes - offset, host, nbytes, kind)
+                api.aclrtMemcpy(device, self._nbytes - offset, host, nbytes, kind)
             else:
                 api.aclrtMemcpy(host, nbytes, device, nbytes, kind)
         finally:
@@ -403,7 +403,7 @@ def record_launch(reads: Sequence["DeviceArray"], writes: Sequence["DeviceArray"
         return state.epoch if state.epoch == start + changed else -1
 
 
-class DeviceArray:
+class DeviceArray(Uncopyable):
     """A typed, strided view of device memory: what a tensor argument of an operator is.
 
     ``strides`` and ``offset`` count elements, as in aclCreateTensor. Made by ``to_device``,
@@ -527,9 +527,7 @@ class DeviceArray:
     @property
     def ptr(self) -> int:
         """Device address of the buffer (0 for an empty array without memory)."""
-        if self.closed:
-            raise HandleClosedError("this DeviceArray was closed; it cannot be used any more")
-        return self._address
+        return open_address(self)
 
     @property
     def is_contiguous(self) -> bool:
@@ -615,8 +613,7 @@ class DeviceArray:
     @property
     def closed(self) -> bool:
         """True once close() was called on the array or on its buffer."""
-        life = self._life
-        return self._dead or (life is not None and life.closed)
+        return is_closed(self)
 
     def __enter__(self) -> "DeviceArray":
         return self
@@ -629,6 +626,23 @@ class DeviceArray:
         address = 0 if self.closed or self.buffer is None else self.buffer.ptr
         return (f"<DeviceArray shape={self.shape} dtype={dtype_name(self.dtype)} strides={self.strides} "
                 f"offset={self.offset} at 0x{address:x}{state_text}>")
+
+
+# What the package hands to C is read from the array's own records, never through attributes a
+# subclass may override.
+
+
+def is_closed(array: DeviceArray) -> bool:
+    """Whether close() was called on the array or on its buffer."""
+    life = array._life
+    return array._dead or (life is not None and life.closed)
+
+
+def open_address(array: DeviceArray) -> int:
+    """The array's device address (0 without memory); HandleClosedError once it was closed."""
+    if is_closed(array):
+        raise HandleClosedError("this DeviceArray was closed; it cannot be used any more")
+    return array._address
 
 
 def lives_of(arrays: Iterable[DeviceArray]) -> List[Life]:

@@ -160,7 +160,8 @@ ONE_SHOT_STEP_APIS = {1: "aclrtMalloc", 2: "aclrtMemcpy", 3: "aclCreateTensor", 
 ONE_SHOT_MADE_NULL = (3, 4)   # constructors that returned NULL: their message holds the code
 
 
-def operator_declarations(phase1: str, phase2: str, thunk: str, phase1_params: Sequence[Any]) -> Tuple[Declaration, ...]:
+def operator_declarations(phase1: str, phase2: str, thunk: str,
+                          phase1_params: Sequence[Any]) -> Tuple[Declaration, ...]:
     """An operator's rows: its two phases (phase 1 taking `phase1_params`, then workspaceSize and
     executor), and its phase-1 thunk in the helper (binding/<operator>.c)."""
     return (Declaration("operator", phase1, aclnnStatus, (*phase1_params, POINTER(c_uint64), POINTER(aclOpExecutor_p)),

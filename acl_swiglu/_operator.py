@@ -20,7 +20,8 @@ import numpy as np
 
 from . import _ffi
 from ._checks import plain_array
-from ._device import DeviceArray, DeviceBuffer, Stream, default_stream, lives_of, order_launch, record_launch
+from ._device import (DeviceArray, DeviceBuffer, Stream, default_stream, is_closed, lives_of, order_launch,
+                      record_launch)
 from .errors import ArgumentError, HandleClosedError
 from .runtime import Owned, Use, current_device, runtime_api, state
 from .tensor import AclIntArray, AclTensor, TensorView
@@ -252,7 +253,7 @@ def stream_argument(stream: object) -> Stream:
 
 def check_open(arrays: Mapping[str, Optional[DeviceArray]]) -> None:
     for name, array in arrays.items():
-        if array is not None and array.closed:
+        if array is not None and is_closed(array):
             raise HandleClosedError(f"{name} is a closed DeviceArray; its device memory was freed")
 
 
@@ -391,10 +392,10 @@ class Executor(Owned):
             if workspace is not None:
                 if not use.add(workspace._life):
                     workspace.check_open("workspace")
-                if self.workspace_size and workspace.nbytes < self.workspace_size:
-                    raise ArgumentError(f"workspace has {workspace.nbytes} bytes; phase 1 asked for "
+                if self.workspace_size and workspace._nbytes < self.workspace_size:
+                    raise ArgumentError(f"workspace has {workspace._nbytes} bytes; phase 1 asked for "
                                         f"{self.workspace_size}")
-                address: Optional[int] = workspace.ptr if self.workspace_size else None
+                address: Optional[int] = workspace._life.handle.value if self.workspace_size else None   # (held)
             else:
                 address = stream.take_workspace(self.workspace_size, use) if self.workspace_size else None
             order_launch(self._inputs, self._outputs, stream._life)

@@ -20,11 +20,12 @@ import numpy as np
 
 from . import _ffi
 from ._checks import synchronize_flag
-from ._device import DeviceArray, DeviceBuffer, Stream, lives_of, order_launch, record_launch
+from ._device import DeviceArray, DeviceBuffer, Stream, is_closed, lives_of, order_launch, record_launch
 from ._operator import (Operator, Signature, check_open, device_arrays, host_lists, make_executor, preset_outputs,
                         stream_argument, views_of)
 from .errors import ArgumentError, HandleClosedError
-from .runtime import Owned, Use, _runtime, at_fork_in_child, in_forked_child, release_due, runtime_api, state
+from .runtime import (Owned, Uncopyable, Use, _runtime, at_fork_in_child, in_forked_child, release_due, runtime_api,
+                      state)
 from .tensor import AclTensor, TensorView
 
 
@@ -76,10 +77,9 @@ class Binding(Owned):
         changed: List[Tuple[str, Optional[int]]] = []
         try:
             for name, array in arrays.items():
-                try:
-                    address = array.ptr
-                except HandleClosedError:
-                    raise HandleClosedError(f"{name} is a closed DeviceArray; its device memory was freed") from None
+                if is_closed(array):
+                    raise HandleClosedError(f"{name} is a closed DeviceArray; its device memory was freed")
+                address = array._address
                 previous = self.addresses[name]
                 if address != previous:
                     self.addresses[name] = None   # (unknown until the setter returns)
@@ -107,7 +107,7 @@ _plans: "weakref.WeakSet[Plan]" = weakref.WeakSet()
 _Self = TypeVar("_Self", bound="Plan")
 
 
-class Plan:
+class Plan(Uncopyable):
     """A repeatable executor of `operator` for fixed shapes, dtypes and options, for hot loops.
 
     Built once from device arrays (their layouts are the plan's; their addresses the first
@@ -242,10 +242,12 @@ class Plan:
         if self._workspace is not None:
             held.append(self._workspace._life)
         with state.lock:   # (exactly what the plan is bound to: what a rebind replaced is let go here)
-            self._use.hold_only(held, stream)
+            taken = self._use.hold_only(held, stream)
         if state.due:
             release_due()
         self._check_bindings()
+        if not taken:   # (the plan's own executor or workspace: closed only by the plan)
+            raise HandleClosedError(f"this {type(self).__name__}'s executor or workspace was closed")
         binding.bind(self._arrays)
         self._point_launch()   # (what a rebind an exception cut short did not derive yet)
         self._set_outputs()
@@ -324,7 +326,7 @@ class Plan:
             raise ArgumentError(f"the plan was built without {name}; build another plan to use it")
         if not isinstance(array, DeviceArray):
             raise TypeError(f"{name} must be a DeviceArray, got {type(array).__name__}")
-        if array.closed:
+        if is_closed(array):
             raise HandleClosedError(f"{name} is a closed DeviceArray")
         if array._layout != previous._layout:
             raise ArgumentError(f"{name} has layout (shape, dtype, strides, offset) {array.layout()}; the plan was "

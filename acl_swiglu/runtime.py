@@ -19,7 +19,7 @@ import os
 import threading
 import weakref
 from types import SimpleNamespace
-from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple, TypeVar
+from typing import Any, Callable, Dict, Iterable, List, NoReturn, Optional, Set, Tuple, TypeVar
 
 from . import _ffi
 from ._checks import INT32_MAX, whole_number
@@ -512,10 +512,26 @@ def synchronize_device() -> None:
     runtime_api().aclrtSynchronizeDevice()
 
 
+class Uncopyable:
+    """Stands for native state: copying or pickling it is refused. (A copy would share the
+    handles but not their life: a close, or the collection of either, would free them under the
+    other.)"""
+
+    def __copy__(self) -> NoReturn:
+        raise TypeError(f"{type(self).__name__} objects cannot be copied: each stands for native state (make another "
+                        "one instead)")
+
+    def __deepcopy__(self, memo: Any) -> NoReturn:
+        self.__copy__()
+
+    def __reduce_ex__(self, protocol: Any) -> NoReturn:
+        raise TypeError(f"{type(self).__name__} objects cannot be pickled: each stands for native state of this process")
+
+
 _Self = TypeVar("_Self", bound="Owned")
 
 
-class Owned:
+class Owned(Uncopyable):
     """A native handle the package owns or borrows; dead after close()."""
 
     _kind = "handle"

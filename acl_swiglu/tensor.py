@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import ctypes
+import math
 from typing import NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from ._device import DeviceArray
+from ._device import DeviceArray, element_span, open_address
 from ._dtypes import ACL_FORMAT_ND, acl_dtype
 from .runtime import Owned, runtime_api
 
@@ -45,15 +46,18 @@ class AclTensor(Owned):
     def __init__(self, array: DeviceArray, view: Optional[TensorView] = None):
         super().__init__()
         api = runtime_api()
-        ndim = len(array.shape)
-        shape, steps, offset, k = tensor_geometry(array.shape, array.strides, array.offset, view)
+        data = open_address(array) or None
+        layout_shape, layout_dtype, layout_strides, layout_offset = array._layout   # (not what a subclass says)
+        ndim = len(layout_shape)
+        shape, steps, offset, k = tensor_geometry(layout_shape, layout_strides, layout_offset, view)
         dims = (ctypes.c_int64 * max(ndim, 1))(*shape)
         strides = (ctypes.c_int64 * max(ndim, 1))(*steps)
-        storage_numel = array.last_index + 1 if array.size else 0
-        if array.buffer is not None and not array.buffer.closed:
-            storage_numel = max(storage_numel, array.buffer.nbytes // array.dtype.itemsize)
+        storage_numel = layout_offset + element_span(layout_shape, layout_strides) if math.prod(layout_shape) else 0
+        buffer = array._buffer
+        if buffer is not None and not buffer.closed:
+            storage_numel = max(storage_numel, buffer._nbytes // layout_dtype.itemsize)
         storage = (ctypes.c_int64 * 1)(storage_numel * k)
-        dtype, data = acl_dtype(array.dtype) if view is None else view.dtype, array.ptr or None
+        dtype = acl_dtype(layout_dtype) if view is None else view.dtype
         life = self._prepare(api.raw.aclDestroyTensor)
         life.handle = api.aclCreateTensor(dims, ndim, dtype, strides, offset, ACL_FORMAT_ND, storage, 1, data)
         self.address = ctypes.cast(life.handle, ctypes.c_void_p)   # for unprototyped calls

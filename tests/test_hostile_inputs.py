@@ -316,3 +316,83 @@ def test_fork_while_other_threads_call_leaves_a_child_that_refuses_cleanly(tmp_p
                           env=env, start_new_session=True, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[0] == "60 True [10, 10, 10, 10]", done.stdout + done.stderr
+
+
+# ---- objects that stand for native state ----
+
+
+def _native_objects(stack, gy, x):
+    stream = stack.enter_context(acl_swiglu.Stream())
+    d_gy, d_x = stack.enter_context(acl_swiglu.to_device(gy)), stack.enter_context(acl_swiglu.to_device(x))
+    d_gx = stack.enter_context(acl_swiglu.DeviceArray.empty(x.shape, x.dtype))
+    return {
+        "Stream": stream, "default stream": acl_swiglu.default_stream(),
+        "DeviceBuffer": stack.enter_context(acl_swiglu.DeviceBuffer(64)), "DeviceArray": d_gy,
+        "empty DeviceArray": acl_swiglu.DeviceArray.empty((0, 4), np.float32),
+        "wrapped DeviceArray": acl_swiglu.DeviceArray.wrap(d_x.ptr, x.shape, x.dtype),
+        "plan": stack.enter_context(acl_swiglu.SwigluGroupQuantGradPlan(d_gy, d_x, grad_x=d_gx, stream=stream)),
+        "Executor": stack.enter_context(acl_swiglu.get_workspace_size(d_gy, d_x, grad_x=d_gx)),
+    }
+
+
+def test_objects_that_stand_for_native_state_refuse_copies_and_pickling():
+    """A copy would share the handle but not its life: closing or collecting one would free it
+    under the other (and a copied executor's repeatability would disagree with its twin's)."""
+    import copy
+    import pickle
+    from contextlib import ExitStack
+
+    gy, x, _, _ = _inputs()
+    with ExitStack() as stack:
+        objects = _native_objects(stack, gy, x)
+        for name, obj in objects.items():
+            for attempt, words in ((copy.copy, "cannot be copied"), (copy.deepcopy, "cannot be copied"),
+                                   (pickle.dumps, "cannot be pickled")):
+                with pytest.raises(TypeError, match=f"{type(obj).__name__} objects {words}"):
+                    attempt(obj)
+        objects["Executor"].launch(objects["Stream"])   # (each still works)
+        grad_x, _ = objects["plan"](synchronize=True)
+        assert np.array_equal(_bits(grad_x.to_numpy()), _bits(acl_swiglu.swiglu_group_quant_grad(gy, x)[0]))
+
+
+class _LyingArray(acl_swiglu.DeviceArray):
+    """Says another array's address and layout, and that it is open: the package reads its own
+    records instead."""
+
+    other = None
+
+    @property
+    def ptr(self):
+        return self.other.ptr
+
+    @property
+    def closed(self):
+        return False
+
+    @property
+    def strides(self):
+        return (0, 0)
+
+
+def test_a_subclass_that_lies_about_its_memory_is_not_believed():
+    gy, x, _, _ = _inputs()
+    want = acl_swiglu.swiglu_group_quant_grad(gy, x)[0]
+    with acl_swiglu.Stream() as stream, acl_swiglu.to_device(gy) as d_gy, acl_swiglu.to_device(x) as d_x, \
+            acl_swiglu.to_device(np.zeros_like(gy)) as zeros, acl_swiglu.DeviceArray.empty(x.shape, x.dtype) as d_gx:
+        _LyingArray.other = zeros
+        liar = _LyingArray(d_gy.buffer, gy.shape, gy.dtype)
+        acl_swiglu.swiglu_group_quant_grad_device(liar, d_x, grad_x=d_gx, stream=stream)
+        with acl_swiglu.SwigluGroupQuantGradPlan(d_gy, d_x, grad_x=d_gx, stream=stream) as plan:
+            plan(liar, synchronize=True)
+            assert np.array_equal(_bits(d_gx.to_numpy()), _bits(want))
+            zeros.close()   # (never used: the package reads the liar's own address)
+            plan(synchronize=True)
+            assert np.array_equal(_bits(d_gx.to_numpy()), _bits(want))
+            with acl_swiglu.to_device(gy) as closing:
+                closed_liar = _LyingArray(closing.buffer, gy.shape, gy.dtype)
+            for attempt in (lambda: acl_swiglu.swiglu_group_quant_grad_device(closed_liar, d_x, grad_x=d_gx,
+                                                                              stream=stream),
+                            lambda: plan(closed_liar),
+                            lambda: acl_swiglu.get_workspace_size(closed_liar, d_x, grad_x=d_gx)):
+                with pytest.raises(acl_swiglu.HandleClosedError, match="grad_y"):
+                    attempt()
