@@ -164,9 +164,10 @@ def run_child(code: str, cwd: Any, timeout: float = CHILD_TIMEOUT, **env: str) -
 
 
 class Rigged(acl_swiglu.DeviceArray):
-    """A device array whose address getter runs the user's code once armed: a call reads the
-    addresses of the arrays it binds while it holds what it holds, so the hook runs inside it.
-    ``arm(action)`` makes the next read run action() first (once)."""
+    """A device array whose address runs the user's code once armed: a call reads the addresses
+    of the arrays it binds (from the array's own record, ``_address``, which no public property
+    can change) while it holds what it holds, so the hook runs inside it. ``arm(action)`` makes
+    the next read run action() first (once)."""
 
     _action: Optional[Callable[[], None]] = None
 
@@ -179,11 +180,16 @@ class Rigged(acl_swiglu.DeviceArray):
         self._action = action
 
     @property
-    def ptr(self) -> int:
+    def _address(self) -> int:
         action, self._action = self._action, None
         if action is not None:
             action()
-        return acl_swiglu.DeviceArray.ptr.fget(self)
+        address: int = self.__dict__["_rigged_address"]
+        return address
+
+    @_address.setter
+    def _address(self, value: int) -> None:
+        self.__dict__["_rigged_address"] = value
 
 
 class RiggedStream(acl_swiglu.Stream):

@@ -21,8 +21,8 @@ import pytest
 import acl_swiglu
 from acl_swiglu import _device, _plan, emulator, errors
 
-from swiglu_cases import (CLAMP, JOIN_TIMEOUT, Rigged, at_line, case, line_of, model, run_child, run_threads,
-                          same_bits, want)
+from swiglu_cases import (CLAMP, JOIN_TIMEOUT, Rigged, at_line, case, line_of, model, raiser, run_child,
+                          run_threads, same_bits, want)
 
 pytestmark = pytest.mark.emulator_only
 
@@ -439,26 +439,20 @@ def test_threads_closing_a_stream_while_others_synchronize_it():
 # ---- plans: failed rebinds, shared plans, use after close ----
 
 
-class _Exploding(acl_swiglu.DeviceArray):
-    """A DeviceArray whose address getter raises (a broken framework wrapper, say)."""
-
-    @property
-    def ptr(self):
-        raise RuntimeError("ptr exploded")
-
-
 def test_a_rebind_failing_halfway_leaves_the_plan_as_it_was(owned):
-    """grad_y rebound to a good array, x to one whose address getter fails: the call fails, and
-    the plan still computes from its old arrays (bit for bit), also after an unchecked epoch."""
+    """grad_y rebound to a good array, x to one whose address read fails (code run inside the
+    call raises): the call fails, and the plan still computes from its old arrays (bit for bit),
+    also after an unchecked epoch."""
     (gy, x), (gy2, x2) = case(ROWS, HIDDEN, seed=4), case(ROWS, HIDDEN, seed=5)
     d_gy, d_x = owned(acl_swiglu.to_device(gy)), owned(acl_swiglu.to_device(x))
     d_gy2, d_x2 = owned(acl_swiglu.to_device(gy2)), owned(acl_swiglu.to_device(x2))
-    bad = _Exploding(d_x2.buffer, d_x2.shape, d_x2.dtype, d_x2.strides, d_x2.offset)
+    bad = Rigged.over(d_x2)
     stream = owned(acl_swiglu.Stream())
     plan = owned(acl_swiglu.SwigluGroupQuantGradPlan(d_gy, d_x, clamp_limit=CLAMP, stream=stream))
     plan(synchronize=True)
     for _ in range(3):
-        with pytest.raises(RuntimeError, match="ptr exploded"):
+        bad.arm(raiser(RuntimeError("address exploded")))
+        with pytest.raises(RuntimeError, match="address exploded"):
             plan(d_gy2, bad, synchronize=True)
         gx, _ = plan(synchronize=True)
         assert same_bits(gx.to_numpy(), want(gy, x)), "the failed rebind changed the plan"

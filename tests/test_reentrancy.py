@@ -1,6 +1,6 @@
 """Calls made from code that runs inside another call of the package: a gc callback (a garbage
-collection can start at any allocation, also inside a call), and the user's own objects whose
-methods a call runs (a DeviceArray subclass's address getter). Each such call either works or is
+collection can start at any allocation, also inside a call), or a signal handler: here a
+DeviceArray subclass whose address record runs the code, the one point a call reads it at. Each such call either works or is
 refused with a clear error; none may deadlock. (Plans refusing calls from inside their own calls
 are test_plan.py's.)
 
