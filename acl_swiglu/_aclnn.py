@@ -183,8 +183,7 @@ def one_shot(operator: Operator, given: Dict[str, Any]) -> List[Optional[np.ndar
     if report[2] > layout.workspace[0]:
         layout.workspace[0] = report[2]   # (the next call's arena holds it)
     if status:
-        d = operator.description
-        _ffi.raise_one_shot_failure(status, report[0], d.phase1, d.phase2, operator.describe_arguments)
+        operator.raise_one_shot_failure(status, report[0])
     if layout.slots is None:
         return results   # type: ignore[return-value]
     return [None if slot < 0 else results[slot] for slot in layout.slots]

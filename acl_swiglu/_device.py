@@ -514,9 +514,7 @@ class DeviceArray(Uncopyable):
     @property
     def last_index(self) -> int:
         """Highest element index the view touches, offset included (-1 when empty)."""
-        if self.size == 0:
-            return -1
-        return self.offset + element_span(self.shape, self.strides) - 1
+        return elements_spanned(self._layout) - 1
 
     @property
     def extent_bytes(self) -> int:
@@ -638,11 +636,21 @@ def is_closed(array: DeviceArray) -> bool:
     return array._dead or (life is not None and life.closed)
 
 
-def open_address(array: DeviceArray) -> int:
-    """The array's device address (0 without memory); HandleClosedError once it was closed."""
+def open_address(array: DeviceArray, name: Optional[str] = None) -> int:
+    """The array's device address (0 without memory); HandleClosedError once it was closed
+    (naming the argument `name`, if given)."""
     if is_closed(array):
-        raise HandleClosedError("this DeviceArray was closed; it cannot be used any more")
+        if name is None:
+            raise HandleClosedError("this DeviceArray was closed; it cannot be used any more")
+        raise HandleClosedError(f"{name} is a closed DeviceArray; its device memory was freed")
     return array._address
+
+
+def elements_spanned(layout: Tuple[Tuple[int, ...], np.dtype, Tuple[int, ...], int]) -> int:
+    """Elements from the buffer's start through the last one a view of this layout touches (0
+    when it has none)."""
+    shape, _, strides, offset = layout
+    return offset + element_span(shape, strides) if math.prod(shape) else 0
 
 
 def lives_of(arrays: Iterable[DeviceArray]) -> List[Life]:

@@ -216,6 +216,11 @@ class Operator:
         """Raises for a failed acl_swiglu_launch of this operator's executor."""
         _ffi.raise_launch_failure(result, self.description.phase2, self.api().get_message, self.describe_arguments)
 
+    def raise_one_shot_failure(self, status: int, step: int) -> None:
+        """Raises for a failed acl_swiglu_one_shot of this operator (`step`: the call that failed)."""
+        d = self.description
+        _ffi.raise_one_shot_failure(status, step, d.phase1, d.phase2, self.describe_arguments)
+
     def api(self) -> SimpleNamespace:
         """The C API with this operator's functions bound (on this thread's device)."""
         api = runtime_api()

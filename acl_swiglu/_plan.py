@@ -20,7 +20,8 @@ import numpy as np
 
 from . import _ffi
 from ._checks import synchronize_flag
-from ._device import DeviceArray, DeviceBuffer, Stream, is_closed, lives_of, order_launch, record_launch
+from ._device import (DeviceArray, DeviceBuffer, Stream, is_closed, lives_of, open_address, order_launch,
+                      record_launch)
 from ._operator import (Operator, Signature, check_open, device_arrays, host_lists, make_executor, preset_outputs,
                         stream_argument, views_of)
 from .errors import ArgumentError, HandleClosedError
@@ -77,9 +78,7 @@ class Binding(Owned):
         changed: List[Tuple[str, Optional[int]]] = []
         try:
             for name, array in arrays.items():
-                if is_closed(array):
-                    raise HandleClosedError(f"{name} is a closed DeviceArray; its device memory was freed")
-                address = array._address
+                address = open_address(array, name)
                 previous = self.addresses[name]
                 if address != previous:
                     self.addresses[name] = None   # (unknown until the setter returns)

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import ctypes
-import math
 from typing import NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from ._device import DeviceArray, element_span, open_address
+from ._device import DeviceArray, elements_spanned, open_address
 from ._dtypes import ACL_FORMAT_ND, acl_dtype
 from .runtime import Owned, runtime_api
 
@@ -52,7 +51,7 @@ class AclTensor(Owned):
         shape, steps, offset, k = tensor_geometry(layout_shape, layout_strides, layout_offset, view)
         dims = (ctypes.c_int64 * max(ndim, 1))(*shape)
         strides = (ctypes.c_int64 * max(ndim, 1))(*steps)
-        storage_numel = layout_offset + element_span(layout_shape, layout_strides) if math.prod(layout_shape) else 0
+        storage_numel = elements_spanned(array._layout)
         buffer = array._buffer
         if buffer is not None and not buffer.closed:
             storage_numel = max(storage_numel, buffer._nbytes // layout_dtype.itemsize)
