@@ -115,7 +115,7 @@ def _one_shot_layout(operator: Operator, signature: Signature, values: List[Any]
     description = operator.description
     problem = description.validate(dict(zip(names, values)), signature.revision, False)
     layout = arena_layout(operator, signature, values, problem,
-                          signature.pack_scalars(description.scalars(problem, signature.revision)), converted,
+                          signature.scalar_struct.pack(*description.scalars(problem, signature.revision)), converted,
                           problem.outputs, views_of(problem), preset_outputs(problem))
     if key is not None:
         with state.lock:
@@ -236,13 +236,8 @@ def _device_layout(operator: Operator, signature: Signature, values: Sequence[An
 def device_call(operator: Operator, given: Dict[str, Any], stream: Optional[Stream]) -> Tuple[Optional[DeviceArray], ...]:
     """Both phases on device arrays (`given` by argument name), queued on `stream`; the outputs,
     in the operator's order (made when not given; None for one the call does not compute). Does
-    not wait.
-
-    Phase 1 is made once per layout of the arguments (and device, scalar and host values): its
-    repeatable executor is kept (a few per operator) and rebound to each call's addresses. A call
-    with the very arguments of a kept executor's last checked launch is its repeat, as a plan's;
-    others are validated (reused for the same layout) and bound. What depends on contents is
-    checked on every call."""
+    not wait. Runs a kept executor of the call's layout (docs/architecture.md): its repeat at
+    once, else after validating and binding; what depends on contents is checked every time."""
     signature = operator.signature()
     if stream is None:
         stream = default_stream()
@@ -272,7 +267,7 @@ def device_call(operator: Operator, given: Dict[str, Any], stream: Optional[Stre
 def _bind_and_launch(operator: Operator, signature: Signature, given: Dict[str, Any], values: Sequence[Any],
                      stream: Stream) -> Tuple[Optional[DeviceArray], ...]:
     """A device-level call that is no kept executor's repeat: validated, its missing outputs made,
-    an executor of its key bound to it, launched."""
+    an executor of its key taken out of the pool (or made), bound, launched and put back."""
     layout = _device_layout(operator, signature, values)
     operator.description.guard(layout.problem, given, signature.revision)
     arrays = {name: given[name] for name in layout.given}
@@ -280,6 +275,8 @@ def _bind_and_launch(operator: Operator, signature: Signature, given: Dict[str, 
         check_open(arrays)   # (before anything is made; else the launch's hold checks them)
     arrays.update(layout.placeholders)
     made: List[DeviceArray] = []
+    kept: Optional[_Kept] = None
+    generation = start = -1
     try:
         for name, shape, dtype in layout.missing:
             made.append(DeviceArray.zeros(shape, dtype) if name in layout.preset else DeviceArray.empty(shape, dtype))
@@ -289,15 +286,26 @@ def _bind_and_launch(operator: Operator, signature: Signature, given: Dict[str, 
         # revision, the arrays' layouts and the scalars), the device and the host values.
         shape = layout.key or (signature.abi, tuple((name, a._layout) for name, a in arrays.items()), layout.scalars)
         key = (shape, current_device(), tuple(tuple(v.tolist()) for v in hosts.values()) if hosts else ())
+        with state.lock:   # (closes and frees are decided under it: from here on a close fails the call)
+            generation, start = operator.generation, state.epoch
+            kept = _take_kept(operator.kept, key)
+        if kept is None:
+            kept = _Kept(layout, key)
+        _bind(operator, signature, kept, arrays, hosts, stream)
+        order_launch([arrays[name] for name in layout.inputs], [arrays[name] for name in layout.outputs], stream._life)
+        _launch(operator, kept, arrays, stream, start, layout)
         # A repeat needs the very same arguments again: not so with outputs made here, host values
         # (read at phase 1, and a list may change in place), or arguments whose checks are never
         # reused (their layout is not kept).
-        repeat = None if made or hosts or layout.key is None else (signature.abi, values)
-        _launch_kept(operator, signature, layout, key, arrays, hosts, stream, repeat)
+        if not (made or hosts or layout.key is None):
+            kept.remember(signature.abi, values, stream._life)
     except BaseException:
         for array in made:
             array.close()
         raise
+    finally:
+        if kept is not None:
+            _put_back(operator, kept, generation)
     return tuple(arrays.get(name) for name in signature.output_names)
 
 
@@ -318,9 +326,8 @@ def _picker(positions: Sequence[int]) -> Callable[[Sequence[Any]], Tuple[Any, ..
 
 class _Arguments(NamedTuple):
     """What a kept executor's repeat must give again: its revision, stream and device, the very
-    arrays (known by their weak references: ``weakref.ref(array)`` gives the one it gave before
-    while that one lives, and a reference never points to another object) and the other values,
-    of the same types."""
+    arrays (``weakref.ref(array)`` gives the same reference while that array lives) and the
+    other values, of the same types."""
 
     abi: int
     stream: Life
@@ -333,13 +340,10 @@ class _Arguments(NamedTuple):
 
 
 class _Kept:
-    """A kept executor of device-level calls, for one layout, device and host values, and what
-    its Use holds from one call to the next: the memory of the arrays it is bound to, the stream
-    and the workspace. While it waits in its operator's pool the Use is idle, which holds off no
-    close(): what is closed meanwhile is freed at once, and the epoch has moved, so the next call
-    binds again. Of the arguments of its last checked launch it keeps weak references to the
-    arrays (so it keeps none alive) and the other values: a call with the very same ones, on the
-    same stream and device with the epoch unmoved since, is its repeat."""
+    """A kept executor of device-level calls (one layout, device and host values) and its Use,
+    idle while it waits in its operator's pool. A call with the very arguments of its last
+    checked launch (the arrays known by weak reference), with the epoch unmoved since, is its
+    repeat (docs/concurrency.md)."""
 
     def __init__(self, layout: "_DeviceLayout", key: Tuple[Any, ...]) -> None:
         self.layout, self.key = layout, key   # (the key: its layout, device and host values)
@@ -349,12 +353,9 @@ class _Kept:
         self.checked_at = -1   # the epoch after its last checked launch (-1: bind and check first)
         self._let_go = weakref.finalize(self, setattr, self.use, "active", False)
 
-    def remember(self, repeat: Optional[Tuple[int, Sequence[Any]]], stream: Life) -> None:
+    def remember(self, abi: int, values: Sequence[Any], stream: Life) -> None:
         """After its checked launch: the arguments a repeat must give again (none are kept when
         a value other than an array is not a plain number, string or None, whose == is its own)."""
-        if repeat is None:
-            return
-        abi, values = repeat
         at = [i for i, value in enumerate(values) if isinstance(value, DeviceArray)]
         rest = [i for i in range(len(values)) if i not in at]
         others = tuple(values[i] for i in rest)
@@ -400,28 +401,6 @@ def _take_repeat(idle: List[_Kept], values: Sequence[Any], abi: int, stream: Lif
             kept.use.idle = False
             return kept
     return None
-
-
-def _launch_kept(operator: Operator, signature: Signature, layout: _DeviceLayout, key: Tuple[Any, ...],
-                 arrays: Dict[str, DeviceArray], hosts: Dict[str, np.ndarray], stream: Stream,
-                 repeat: Optional[Tuple[int, Sequence[Any]]]) -> None:
-    """Takes an executor of this key out of the operator's pool (or makes one), binds it to these
-    arrays, launches it, and puts it back. Out of the pool an executor is this call's alone."""
-    kept: Optional[_Kept] = None
-    generation = start = -1
-    try:
-        with state.lock:   # (closes and frees are decided under it: from here on a close fails the call)
-            generation, start = operator.generation, state.epoch
-            kept = _take_kept(operator.kept, key)
-        if kept is None:
-            kept = _Kept(layout, key)
-        _bind(operator, signature, kept, arrays, hosts, stream)
-        order_launch([arrays[name] for name in layout.inputs], [arrays[name] for name in layout.outputs], stream._life)
-        _launch(operator, kept, arrays, stream, start, layout)
-        kept.remember(repeat, stream._life)
-    finally:
-        if kept is not None:
-            _put_back(operator, kept, generation)
 
 
 _PER_LAYOUT = 2   # idle executors of one key before a call rebinds one instead of making another

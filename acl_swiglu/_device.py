@@ -1,11 +1,7 @@
 """The device data model: streams, device memory, and device arrays (memory with a shape, dtype,
-element strides and offset), plus the layout arithmetic they share with one-shot calls.
-
-Every device array keeps an access record: the stream its last queued write went to and the
-streams that queued reads of it since. A read waits for the writer on another stream; a write
-waits for the writer and for every reader on another stream; a host read (``to_numpy``) waits
-for the writer, a host write (``copy_from``) for the writer and every reader. Device memory is
-never freed under queued work (runtime.Life).
+element strides and offset), plus the layout arithmetic they share with one-shot calls. Each
+device array's memory has an access record that orders reads and writes across streams
+(docs/concurrency.md, "Ordering").
 """
 
 from __future__ import annotations
@@ -62,13 +58,9 @@ def host_element_strides(array: np.ndarray) -> Optional[Tuple[int, ...]]:
 
 
 class StreamLife(Life):
-    """A stream's life: waiting for its queued work works also after a borrowed wrapper was
-    closed (the stream itself lives on); a destroyed stream has completed its work.
-
-    An owned stream's ``lock`` orders its waits against its destruction: a destroy waits for a
-    wait in progress, and no wait starts on a destroyed stream. It is re-entrant and knows the
-    thread holding it: code run on that thread during the wait (a gc callback, a signal handler)
-    may wait on the stream again, and frees nothing until the wait ends (runtime._waiting)."""
+    """A stream's life: a wait works also after a borrowed wrapper was closed; a destroyed
+    stream has completed its work. An owned stream's ``lock`` orders its waits against its
+    destruction, and knows the thread inside a wait (runtime._waiting)."""
 
     __slots__ = ("address", "owned", "device", "wrapper", "lock", "destroyed", "owner", "_destroy_stream")
 
@@ -359,25 +351,17 @@ def access_of(address: int) -> Access:
     return record
 
 
-def order_launch(reads: Sequence["DeviceArray"], writes: Sequence["DeviceArray"], stream: StreamLife) -> None:
-    """Before queuing work on `stream` that reads and writes these arrays: waits for their
-    writers on other streams, and for the readers on other streams of what it writes."""
-    waits: Set[StreamLife] = set()
+def order_launch(reads: Sequence["DeviceArray"], writes: Sequence["DeviceArray"], stream: Optional[StreamLife]) -> None:
+    """Before queuing work on `stream` (None: a write from the host) that reads and writes these
+    arrays: waits for their writers on other streams, and for the readers on other streams of
+    what it writes."""
     with state.lock:
-        for array in reads:
-            writer = array._access.writer
-            if writer is not None and writer is not stream:
-                waits.add(writer)
+        waits = {array._access.writer for array in (*reads, *writes)}
         for array in writes:
-            access = array._access
-            writer = access.writer
-            if writer is not None and writer is not stream:
-                waits.add(writer)
-            for reader in access.readers:
-                if reader is not stream:
-                    waits.add(reader)
+            waits |= array._access.readers
+    waits -= {None, stream}
     for other in waits:
-        other.wait()
+        other.wait()   # type: ignore[union-attr]
 
 
 def record_launch(reads: Sequence["DeviceArray"], writes: Sequence["DeviceArray"], stream: StreamLife,
@@ -536,7 +520,6 @@ class DeviceArray(Uncopyable):
         """(shape, dtype, strides, offset): what a plan needs to be the same to rebind it."""
         return self._layout
 
-
     # -- data --
 
     @property
@@ -554,13 +537,7 @@ class DeviceArray(Uncopyable):
 
     def wait_for_access(self) -> None:
         """Waits for every queued read and write of this array (before a write from the host)."""
-        with state.lock:
-            access = self._access
-            streams = set(access.readers)
-            if access.writer is not None:
-                streams.add(access.writer)
-        for stream in streams:
-            stream.wait()
+        order_launch((), (self,), None)
 
     def to_numpy(self, sync: bool = True) -> np.ndarray:
         """A fresh host copy; waits first for work queued to write this array (unless sync=False)."""

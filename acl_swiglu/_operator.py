@@ -105,6 +105,7 @@ class Signature:
             itemgetter(*positions) if len(positions) > 1 else lambda values: tuple(values[p] for p in positions)
         self.host_names = tuple(p.name for p in self.handles if p.kind == HOST_INTS)
         self.tensor_names = tuple(p.name for p in self.handles if p.kind != HOST_INTS)
+        # (the scalars as the helper's thunks read them: each in an 8-byte slot)
         self.scalar_struct = struct.Struct("<" + "".join(_SCALAR_FORMATS[p.kind] for p in self.scalar_params))
         self.argument_names = operator.argument_names
         # aclSet{Input,Output}TensorAddr index: the position among the inputs, or the outputs
@@ -122,10 +123,6 @@ class Signature:
             else:
                 out.append(_SCALAR_TYPES[param.kind](next(values)))
         return out
-
-    def pack_scalars(self, scalars: Sequence[Any]) -> bytes:
-        """The scalars as the helper's thunks read them: each in an 8-byte slot."""
-        return self.scalar_struct.pack(*scalars)
 
 
 _KEY_SCALARS = (float, int, bool, str)

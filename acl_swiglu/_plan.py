@@ -48,29 +48,24 @@ class Binding(Owned):
                                                               views)
             api = operator.api()
             api.aclSetAclOpExecutorRepeatable(self._life.handle)
-            self._set_up(api, operator, signature, arrays, host_values)
+            self.host_values = {name: tuple(int(v) for v in values) for name, values in host_values.items()}
+            # (the addresses the tensors were made with)
+            self.addresses: Dict[str, Optional[int]] = {name: array._address for name, array in arrays.items()}
+            executor = ctypes.c_void_p(ctypes.cast(self._life.handle, ctypes.c_void_p).value)
+            self.setters = {}
+            for name, tensor in self.tensors.items():
+                symbol = "aclSetOutputTensorAddr" if name in signature.output_names else "aclSetInputTensorAddr"
+                self.setters[name] = (getattr(api.hot, symbol), executor,
+                                      ctypes.c_size_t(signature.address_index[name]), tensor.address, symbol)
+            d = operator.description
+            self.launch = _ffi.HelperLaunch(_ffi.c_address(api, d.phase2, d.phase1),
+                                            _ffi.c_address(api, "aclrtSynchronizeStream"), None, self.workspace_size,
+                                            executor.value, None)
+            self.launch_argument = ctypes.byref(self.launch)
+            self.launch_call = api.hot.acl_swiglu_launch
         except BaseException:
             self.close()
             raise
-
-    def _set_up(self, api: Any, operator: Operator, signature: Signature, arrays: Mapping[str, DeviceArray],
-                host_values: Mapping[str, np.ndarray]) -> None:
-        self.host_values = {name: tuple(int(v) for v in values) for name, values in host_values.items()}
-        # (the addresses the tensors were made with)
-        self.addresses: Dict[str, Optional[int]] = {name: array._address for name, array in arrays.items()}
-        executor = ctypes.c_void_p(ctypes.cast(self._life.handle, ctypes.c_void_p).value)
-        self.setters = {}
-        for name, tensor in self.tensors.items():
-            output = name in signature.output_names
-            symbol = "aclSetOutputTensorAddr" if output else "aclSetInputTensorAddr"
-            self.setters[name] = (getattr(api.hot, symbol), executor, ctypes.c_size_t(signature.address_index[name]),
-                                  tensor.address, symbol)
-        phase2 = operator.description.phase2
-        self.launch = _ffi.HelperLaunch(_ffi.c_address(api, phase2, operator.description.phase1),
-                              _ffi.c_address(api, "aclrtSynchronizeStream"), None, self.workspace_size,
-                              executor.value, None)
-        self.launch_argument = ctypes.byref(self.launch)
-        self.launch_call = api.hot.acl_swiglu_launch
 
     def bind(self, arrays: Mapping[str, DeviceArray]) -> None:
         """Points the tensors at these arrays' addresses: all of them or, when a setter fails,
@@ -398,13 +393,11 @@ class Plan(Uncopyable):
 
     def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
                  tb: Optional[TracebackType]) -> None:
-        if exc_type is None:
-            self.close()
-            return
         try:
             self.close()   # everything is released either way
-        except Exception:  # the error already propagating is the one that matters
-            pass
+        except Exception:
+            if exc_type is None:
+                raise   # (else the error already propagating is the one that matters)
 
 
 def _reset_after_fork() -> None:

@@ -1,20 +1,12 @@
 """Process and thread state: ACL initialisation, the device of each thread, fork, and the life of
-every native handle the package owns.
-
-A handle lives in a ``Life``. It is freed exactly once, when it is closed (close(), the end of a
-``with`` block, garbage collection, interpreter exit) and nothing holds it any more: a ``Use``
-(a plan, an executor, a call in flight) holds the handles it needs from before it touches them
-until after, and the free also waits for every stream that queued work on it. After close() the
-owning object is dead at once: using it raises HandleClosedError.
-
-Every piece of shared state here (lives, the epoch, the access records of device arrays in
-_device.py) is changed under one re-entrant lock, ``state.lock`` (docs/concurrency.md).
+every native handle the package owns (a ``Life``, held by ``Use``s; docs/concurrency.md).
 """
 
 from __future__ import annotations
 
 import atexit
 import ctypes
+from contextlib import suppress
 import os
 import threading
 import weakref
@@ -30,9 +22,8 @@ ENV_DEVICE_ID = "ACL_SWIGLU_DEVICE_ID"
 
 
 class _State:
-    """The lock where threads meet, and the epoch: a number that moves whenever a handle is
-    closed or a device array's access record changes, so that a plan can tell in one comparison
-    whether anything it relies on may have changed since it last looked."""
+    """The lock where threads meet, and the epoch: it moves whenever a handle is closed or an
+    access record changes, so one comparison tells a plan whether to look again."""
 
     def __init__(self) -> None:
         # Re-entrant: a garbage collection (and so a finalizer, which closes) can start inside any
@@ -55,11 +46,8 @@ Destroy = Callable[[Any], Optional[int]]
 
 class Life:
     """One native handle's state, shared with its finalizer (which cannot see the object).
-
-    ``handle`` is set by the very statement that makes the handle (the constructor's result, or
-    the out-parameter the C call writes into), so that from then on it is owned: an exception
-    arriving right after still leaves it to be freed. It is set to None by the statement that
-    frees it."""
+    ``handle`` is set by the very statement that makes the handle, and set to None by the one
+    that frees it: an exception between leaves it owned."""
 
     __slots__ = ("handle", "destroy", "device", "holders", "streams", "closed", "key", "__weakref__")
 
@@ -145,10 +133,9 @@ def _mark_closed(life: Life) -> None:
 
 
 def release_due() -> None:
-    """Frees every closed handle that nothing holds any more, each after the streams that used
-    it. On a thread the package has not bound to a device (a collection can run on any thread,
-    also one that never used ACL or is ending) they wait for the next call that can free them;
-    so does a free that an exception cut short before the handle was gone."""
+    """Frees every closed handle that nothing holds any more. On a thread the package has not
+    bound to a device (a collection can run on any thread) they wait for the next call that
+    can; so does a free an exception cut short."""
     if state.collected:
         _take_collected()
     if not state.due or not _runtime.usable():
@@ -173,33 +160,25 @@ def release_due() -> None:
 
 
 def _free(life: Life) -> None:
+    """Frees the handle, on its device, once the streams that used it are past that work."""
     destroy, handle = life.destroy, life.handle
     if destroy is None or handle is None or not ctypes.cast(handle, ctypes.c_void_p).value:
         return
     api = runtime_api()
     here = _runtime.local.device
-    if life.device is None or life.device == here:
-        _destroy(life, destroy, handle)
-        return
-    api.aclrtSetDevice(life.device)   # (made on another device: freed there)
+    elsewhere = life.device is not None and life.device != here
+    if elsewhere:
+        api.aclrtSetDevice(life.device)
     try:
-        _destroy(life, destroy, handle)
+        for stream_life in life.streams or ():
+            with suppress(Exception):   # (the failure belongs to whoever reads the results)
+                stream_life.wait()
+        status, life.handle = destroy(handle), None
+        if status:   # (cannot be acted on: its text must not show up in the thread's next error)
+            _ffi.drop_message(api.get_message)
     finally:
-        api.aclrtSetDevice(here)
-
-
-def _destroy(life: Life, destroy: Destroy, handle: Any) -> None:
-    """Frees the handle once the streams that used it are past that work."""
-    for stream_life in life.streams or ():
-        try:
-            stream_life.wait()
-        except Exception:   # the failure belongs to whoever reads the results; the free goes on
-            pass
-    status, life.handle = destroy(handle), None
-    if status:
-        # A failed free cannot be acted on (the owner is gone or closing); its text must not show
-        # up in the next error of this thread.
-        _ffi.drop_message(_ffi.api().get_message)
+        if elsewhere:
+            api.aclrtSetDevice(here)
 
 
 def close_life(life: Life) -> None:
@@ -211,16 +190,9 @@ def close_life(life: Life) -> None:
 
 
 class Use:
-    """One holder of several handles: a call in flight, a plan, an executor.
-
-    Made before the ``try`` whose ``finally`` lets it go. ``take()`` and ``add()`` hold lives (and
-    record the Use's stream on them: queued work on it may use them from then on); ``let_go()``
-    ends the whole hold in its first statement, so whatever part of a take an exception cut
-    short holds nothing once let_go has run. A handle closed while held is freed when nothing
-    holds it any more (after the streams that used it).
-
-    An ``idle`` Use (an executor waiting in its pool, set under state.lock) holds off no free: a
-    handle closed meanwhile is freed at once, and the epoch tells the Use's owner to look again."""
+    """One holder of several handles (a call in flight, a plan, an executor), made before the
+    ``try`` whose ``finally`` lets it go. An ``idle`` Use (an executor waiting in its pool) holds
+    off no free: the epoch tells its owner to look again (docs/concurrency.md)."""
 
     __slots__ = ("lives", "stream", "active", "idle")
 
@@ -232,13 +204,8 @@ class Use:
 
     def take(self) -> bool:
         """Holds every life; False when one of them was closed already (the caller refuses)."""
-        taken = True
         with state.lock:
-            for life in self.lives:
-                self._hold(life)
-                if life.closed:
-                    taken = False
-        return taken
+            return self.hold_only(self.lives, self.stream)
 
     def add(self, life: Life) -> bool:
         """Holds one more life; False when it was closed already."""
@@ -280,10 +247,8 @@ class Use:
                 life.streams = joined(life.streams, stream)
 
     def let_go(self) -> None:
-        """Ends the hold of every life in one store, as the finalizer of a collected owner does:
-        a free decided from then on does not wait for it (an inactive Use stays listed among a
-        life's holders until the next hold of that life drops it). What was closed meanwhile is
-        freed now, or by the next release if another thread was deciding it just then."""
+        """Ends the hold of every life in one store (as a collected owner's finalizer does), then
+        frees what was closed meanwhile."""
         self.active = False
         if state.due or state.collected:
             release_due()
@@ -393,11 +358,9 @@ class _Runtime:
         if self.pid != os.getpid():
             return   # a forked child must not touch the parent's device state
         if self.usable():
-            try:
+            with suppress(Exception):   # (exit must finish)
                 runtime_api()
                 release_due()
-            except Exception:   # exit must finish
-                pass
         with state.lock:
             self.exiting = True   # (what is still held is freed all the same: nothing runs after this)
             pending = [self.owned[k] for k in sorted(self.owned, reverse=True)]
@@ -408,14 +371,10 @@ class _Runtime:
             if detached is None:
                 continue
             _, func, args, kwargs = detached
-            try:
+            with suppress(Exception):
                 func(*args, **kwargs)
-            except Exception:   # exit must finish; a failed free cannot be acted on now
-                pass
-        try:
+        with suppress(Exception):
             release_due()   # (also what was closed while held)
-        except Exception:
-            pass
         with state.lock:
             if not self.initialized or self.shut_down:
                 return

@@ -405,7 +405,6 @@ TARGETS: Dict[str, Tuple[Callable[..., Any], List[Operation]]] = {
     "_aclnn._one_shot_layout": (_aclnn._one_shot_layout, [OneShot()]),
     "_aclnn._device_layout": (_aclnn._device_layout, [DeviceCall()]),
     "_aclnn.device_call": (_aclnn.device_call, [DeviceCall(), DeviceCall(allocate=True), DeviceCall(abi=1)]),
-    "_aclnn._launch_kept": (_aclnn._launch_kept, [DeviceCall(), DeviceCall(abi=1)]),
     "_aclnn._Kept.__init__": (_aclnn._Kept.__init__, [DeviceCall()]),
     "_aclnn._bind": (_aclnn._bind, [DeviceCall(), DeviceCall(abi=1)]),
     "_aclnn._put_back": (_aclnn._put_back, [DeviceCall()]),
