@@ -13,7 +13,7 @@ import ctypes
 import math
 import threading
 import weakref
-from operator import is_, itemgetter
+from operator import is_
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
@@ -23,7 +23,7 @@ from ._arena import ArenaLayout, arena_layout
 from ._checks import plain_array
 from ._device import DeviceArray, Stream, default_stream, lives_of, order_launch, record_launch
 from ._operator import (Executor, Operator, OperatorDescription, Signature, check_open, device_arrays, host_lists,
-                        layout_key, preset_outputs, remembered, stream_argument, views_of)
+                        layout_key, picker, preset_outputs, remembered, stream_argument, views_of)
 from ._plan import Binding
 from .errors import ArgumentError, HostMemoryError
 from .runtime import (Life, Use, _runtime, at_fork_in_child, current_device, free_collected, in_forked_child,
@@ -313,17 +313,6 @@ _PLAIN = (type(None), bool, int, float, str)
 _reference = weakref.ref
 
 
-def _picker(positions: Sequence[int]) -> Callable[[Sequence[Any]], Tuple[Any, ...]]:
-    """The values at these positions, as a tuple."""
-    if len(positions) > 1:
-        return itemgetter(*positions)
-    at = positions[0] if positions else None
-
-    def pick(values: Sequence[Any]) -> Tuple[Any, ...]:
-        return () if at is None else (values[at],)
-    return pick
-
-
 class _Arguments(NamedTuple):
     """What a kept executor's repeat must give again: its revision, stream and device, the very
     arrays (``weakref.ref(array)`` gives the same reference while that array lives) and the
@@ -360,8 +349,8 @@ class _Kept:
         rest = [i for i in range(len(values)) if i not in at]
         others = tuple(values[i] for i in rest)
         if all(type(value) in _PLAIN for value in others):
-            self.arguments = _Arguments(abi, stream, self.key[1], _picker(at), tuple(_reference(values[i]) for i in at),
-                                        _picker(rest), tuple(map(type, others)), others)
+            self.arguments = _Arguments(abi, stream, self.key[1], picker(at), tuple(_reference(values[i]) for i in at),
+                                        picker(rest), tuple(map(type, others)), others)
 
     def repeats(self, values: Sequence[Any], abi: int, stream: Life, device: int) -> bool:
         """Whether this call is its repeat (the epoch aside): the very same arrays, and the other

@@ -87,6 +87,16 @@ class OperatorDescription(NamedTuple):
     guard: Callable[[Any, Mapping[str, Any], Revision], bool] = _no_guard   # (operators no release hangs on)
 
 
+def picker(positions: Sequence[int]) -> Callable[[Sequence[Any]], Tuple[Any, ...]]:
+    """A function that gives the values at these positions, as a tuple."""
+    if len(positions) > 1:
+        return itemgetter(*positions)
+    if positions:
+        at = positions[0]
+        return lambda values: (values[at],)
+    return lambda values: ()
+
+
 class Signature:
     """The lookups a revision's calls need, computed once."""
 
@@ -101,8 +111,7 @@ class Signature:
         self.output_names = tuple(p.name for p in self.handles if p.kind == OUTPUT)
         positions = [operator.argument_names.index(name) for name in self.output_names]
         # The outputs among a call's argument values (in argument order), as a tuple.
-        self.outputs_of: Callable[[Sequence[Any]], Tuple[Any, ...]] = \
-            itemgetter(*positions) if len(positions) > 1 else lambda values: tuple(values[p] for p in positions)
+        self.outputs_of = picker(positions)
         self.host_names = tuple(p.name for p in self.handles if p.kind == HOST_INTS)
         self.tensor_names = tuple(p.name for p in self.handles if p.kind != HOST_INTS)
         # (the scalars as the helper's thunks read them: each in an 8-byte slot)
