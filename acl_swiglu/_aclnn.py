@@ -191,7 +191,7 @@ def one_shot(operator: Operator, given: Dict[str, Any]) -> List[Optional[np.ndar
 
 # ---- device-level calls ----
 
-_KEPT_EXECUTORS = 8   # per operator: the idle repeatable executors device-level calls keep
+_KEPT_EXECUTORS = 16   # per operator: the idle repeatable executors device-level calls keep
 
 
 class _DeviceLayout(NamedTuple):
@@ -209,6 +209,8 @@ class _DeviceLayout(NamedTuple):
     # memory, shared by every call of the layout.
     placeholders: Mapping[str, DeviceArray]
     output_names: Tuple[str, ...]   # the operator's outputs, in its order
+    arrays_of: Callable[[Sequence[Any]], Tuple[Any, ...]]   # picks a call's device arrays from its values
+    others_of: Callable[[Sequence[Any]], Tuple[Any, ...]]   # picks its other values
 
 
 def _device_layout(operator: Operator, signature: Signature, values: Sequence[Any]) -> _DeviceLayout:
@@ -222,12 +224,14 @@ def _device_layout(operator: Operator, signature: Signature, values: Sequence[An
         made = [(name, tuple(shape), np.dtype(dtype)) for name, (shape, dtype) in problem.outputs.items()
                 if arguments.get(name) is None]
         placeholders = {name: DeviceArray.empty(shape, dtype) for name, shape, dtype in made if not math.prod(shape)}
+        at = [i for i, value in enumerate(values) if type(value) is DeviceArray]
         return _DeviceLayout(problem, tuple(description.scalars(problem, signature.revision)), given,
                              tuple(m for m in made if m[0] not in placeholders),
                              tuple(name for name in given if name not in signature.output_names),
                              tuple(name for name in signature.output_names
                                    if name in problem.outputs and name not in placeholders), key,
-                             tuple(preset_outputs(problem)), placeholders, signature.output_names)
+                             tuple(preset_outputs(problem)), placeholders, signature.output_names, picker(at),
+                             picker([i for i in range(len(values)) if i not in at]))
 
     entry: _DeviceLayout = remembered(operator.device_layouts, key, _KEPT, make)
     return entry
@@ -321,9 +325,7 @@ class _Arguments(NamedTuple):
     abi: int
     stream: Life
     device: int
-    arrays: Callable[[Sequence[Any]], Tuple[Any, ...]]   # picks the arrays from a call's values
     references: Tuple["weakref.ReferenceType[DeviceArray]", ...]
-    others: Callable[[Sequence[Any]], Tuple[Any, ...]]   # picks the other values
     types: Tuple[type, ...]   # of the other values
     values: Tuple[Any, ...]
 
@@ -340,17 +342,18 @@ class _Kept:
         self.use = Use()
         self.arguments: Optional[_Arguments] = None   # of its last checked launch
         self.checked_at = -1   # the epoch after its last checked launch (-1: bind and check first)
+        self.first = 0   # id() of the first value of that launch: a quick way to pass over others
         self._let_go = weakref.finalize(self, setattr, self.use, "active", False)
 
     def remember(self, abi: int, values: Sequence[Any], stream: Life) -> None:
         """After its checked launch: the arguments a repeat must give again (none are kept when
         a value other than an array is not a plain number, string or None, whose == is its own)."""
-        at = [i for i, value in enumerate(values) if isinstance(value, DeviceArray)]
-        rest = [i for i in range(len(values)) if i not in at]
-        others = tuple(values[i] for i in rest)
+        layout = self.layout
+        others = layout.others_of(values)
         if all(type(value) in _PLAIN for value in others):
-            self.arguments = _Arguments(abi, stream, self.key[1], picker(at), tuple(_reference(values[i]) for i in at),
-                                        picker(rest), tuple(map(type, others)), others)
+            self.first = id(values[0])
+            self.arguments = _Arguments(abi, stream, self.key[1], tuple(map(_reference, layout.arrays_of(values))),
+                                        tuple(map(type, others)), others)
 
     def repeats(self, values: Sequence[Any], abi: int, stream: Life, device: int) -> bool:
         """Whether this call is its repeat (the epoch aside): the very same arrays, and the other
@@ -358,11 +361,12 @@ class _Kept:
         was = self.arguments
         if was is None or was.abi != abi or was.stream is not stream or was.device != device:
             return False
+        layout = self.layout
         try:
-            same = all(map(is_, map(_reference, was.arrays(values)), was.references))
+            same = all(map(is_, map(_reference, layout.arrays_of(values)), was.references))
         except TypeError:   # (a value there that no weak reference can point to: None, a number)
             return False
-        others = was.others(values)
+        others = layout.others_of(values)
         return same and all(map(is_, map(type, others), was.types)) and others == was.values
 
     def fill(self, outputs: Tuple[Optional[DeviceArray], ...]) -> Tuple[Optional[DeviceArray], ...]:
@@ -383,16 +387,18 @@ def _take_repeat(idle: List[_Kept], values: Sequence[Any], abi: int, stream: Lif
     None."""
     if getattr(_runtime.local, "generation", -1) != _runtime.generation:
         runtime_api()   # (a thread's first call binds its device; in a forked child it refuses)
-    device = _runtime.local.device
+    device, first = _runtime.local.device, id(values[0])
     for kept in reversed(idle):
-        if kept.checked_at == epoch and kept.repeats(values, abi, stream, device):
+        if kept.checked_at == epoch and kept.first == first and kept.repeats(values, abi, stream, device):
             idle.remove(kept)
             kept.use.idle = False
             return kept
     return None
 
 
-_PER_LAYOUT = 2   # idle executors of one key before a call rebinds one instead of making another
+# Idle executors of one key before a call rebinds one instead of making another: so many argument
+# sets of one layout (the experts of a mixture, say) can take turns, each call a repeat.
+_PER_LAYOUT = 8
 
 
 def _take_kept(idle: List[_Kept], key: Tuple[Any, ...]) -> Optional[_Kept]:

@@ -218,9 +218,9 @@ def test_arrays_read_on_many_short_lived_streams_keep_none_of_them(owned):
     assert same_bits(out.to_numpy(), want(gy, x))
     assert emulator.live_counts()["stream"] == streams_before
     kept = sum(reference() is not None for reference in watched)
-    # (the last two: the last one read the arrays, and the one before was destroyed only after
-    # the last call had recorded it)
-    assert kept <= 2, f"{kept} of 200 destroyed streams are still referenced"
+    # (a bounded few: the one each kept executor of the layout last launched on, eight at most,
+    # and the last one, which read the arrays)
+    assert kept <= 9, f"{kept} of 200 destroyed streams are still referenced"
 
 
 def test_a_stream_borrowed_again_for_each_call_is_one_reader(owned):
@@ -236,7 +236,7 @@ def test_a_stream_borrowed_again_for_each_call_is_one_reader(owned):
         del borrowed
     _live_handles()
     kept = sum(reference() is not None for reference in watched)
-    assert kept <= 2, f"{kept} of 50 wrappers of one stream are still referenced"
+    assert kept <= 9, f"{kept} of 50 wrappers of one stream are still referenced"   # (as above)
     d_gy.copy_from(np.zeros_like(gy))   # (waits for the queued readers first)
     assert same_bits(out.to_numpy(), want(gy, x))
 
