@@ -223,7 +223,8 @@ class Use:
         lets go of the others; False when one of them was closed already. (At every step
         ``self.lives`` covers every life this Use holds, so an interrupted call is undone by
         let_go, or finished by the next.)"""
-        stale = [life for life in self.lives if life not in lives]
+        keep = set(lives)
+        stale = [life for life in self.lives if life not in keep]
         self.lives = stale + lives
         self.stream = stream
         taken = True
