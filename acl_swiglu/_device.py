@@ -187,7 +187,10 @@ class Stream(Owned):
         fresh = DeviceBuffer(nbytes)   # (not under the lock: an allocation may run a finalizer)
         with state.lock:
             use.hold_also(fresh._life)
-            old, self._pools[device] = self._pools.get(device), fresh
+            if self._life.closed:   # (a closed stream pools nothing: the buffer goes with `use`)
+                old = fresh
+            else:
+                old, self._pools[device] = self._pools.get(device), fresh
         if old is not None:
             old.close()   # freed once the work queued with it is done
         return int(fresh._life.handle.value)
@@ -204,8 +207,8 @@ class Stream(Owned):
     def close(self) -> None:
         """Destroys an owned stream (queued work completes first), frees its workspace once the
         work is done, and kills the wrapper. A borrowed stream is left as it is."""
-        self.release_workspace()
         super().close()
+        self.release_workspace()   # (after: once closed, the stream pools no workspace)
 
     def __repr__(self) -> str:
         if self.closed:

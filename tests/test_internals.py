@@ -205,3 +205,20 @@ def test_a_workspace_taken_while_another_thread_empties_the_pool(monkeypatch):
     finally:
         use.let_go()
         stream.close()
+
+
+def test_a_workspace_taken_as_the_stream_closes_is_freed_with_its_use():
+    """take_workspace() from a call that overlaps the stream's close(): the call gets memory it
+    holds, and the closed stream keeps none of it in its pool (freed once the call lets go)."""
+    before = emulator.live_counts()
+    stream = acl_swiglu.Stream()
+    use = runtime.Use((), stream._life)
+    try:
+        stream.close()
+        address = stream.take_workspace(256, use)
+        assert isinstance(address, int) and address
+        assert emulator.live_counts()["allocation"] == before["allocation"] + 1   # (held by the use)
+    finally:
+        use.let_go()
+    acl_swiglu.release_cached()
+    assert emulator.live_counts() == before
