@@ -4,10 +4,13 @@ junk dtypes and out-of-range integers are refused naming the argument before any
 allocated, huge shapes fail cleanly, and plans refuse what does not fit the layout they were
 built for."""
 
+import copy
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
+from contextlib import ExitStack
 
 import ml_dtypes
 import numpy as np
@@ -338,9 +341,6 @@ def _native_objects(stack, gy, x):
 def test_objects_that_stand_for_native_state_refuse_copies_and_pickling():
     """A copy would share the handle but not its life: closing or collecting one would free it
     under the other (and a copied executor's repeatability would disagree with its twin's)."""
-    import copy
-    import pickle
-    from contextlib import ExitStack
 
     gy, x, _, _ = _inputs()
     with ExitStack() as stack:
