@@ -187,9 +187,8 @@ class Stream(Owned):
         fresh = DeviceBuffer(nbytes)   # (not under the lock: an allocation may run a finalizer)
         with state.lock:
             use.hold_also(fresh._life)
-            if self._life.closed:   # (a closed stream pools nothing: the buffer goes with `use`)
-                old = fresh
-            else:
+            old: Optional[DeviceBuffer] = fresh   # (a closed stream pools nothing: it goes with `use`)
+            if not self._life.closed:
                 old, self._pools[device] = self._pools.get(device), fresh
         if old is not None:
             old.close()   # freed once the work queued with it is done
