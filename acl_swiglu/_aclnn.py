@@ -397,7 +397,7 @@ def _take_repeat(idle: List[_Kept], values: Sequence[Any], abi: int, stream: Lif
 
 
 # Idle executors of one key before a call rebinds one instead of making another: so many argument
-# sets of one layout (the experts of a mixture, say) can take turns, each call a repeat.
+# sets of one layout (a model's layers, each with its own buffers) can take turns, each call a repeat.
 _PER_LAYOUT = 8
 
 

@@ -23,7 +23,7 @@ from _common import BUILD, benchmark_main, build_native, emulator_env, run_json,
 SIZES = ((1, 16), (64, 256), (512, 512))
 SCENARIOS = ("one_shot", "device_call", "plan_call", "plan_rebind")
 # Python only (the C driver has no such scenario): device-level calls taking turns among eight
-# argument sets of the same layout (the experts of a mixture, say), against the exact repeat of
+# argument sets of the same layout (a model's layers, each with its own buffers), against the exact repeat of
 # one (device_call).
 ALTERNATING = "device_call_alternating"
 TURNS = 8

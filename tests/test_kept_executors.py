@@ -402,7 +402,7 @@ def test_idle_executors_are_bounded_per_layout_and_per_operator(arrays, stream):
 
 
 def test_eight_argument_sets_of_one_layout_taking_turns_are_each_a_repeat(arrays, stream):
-    """The experts of a mixture, say: once each set has run, every call launches its own kept
+    """A model's layers, each with its own buffers, say: once each set has run, every call launches its own kept
     executor as it stands (no phase 1, no address set), and computes its own set's bits."""
     sets = []
     for seed in range(8):
