@@ -187,11 +187,11 @@ class Stream(Owned):
         fresh = DeviceBuffer(nbytes)   # (not under the lock: an allocation may run a finalizer)
         with state.lock:
             use.hold_also(fresh._life)
-            old: Optional[DeviceBuffer] = fresh   # (a closed stream pools nothing: it goes with `use`)
+            spare: Optional[DeviceBuffer] = fresh   # (a closed stream pools nothing: it goes with `use`)
             if not self._life.closed:
-                old, self._pools[device] = self._pools.get(device), fresh
-        if old is not None:
-            old.close()   # freed once the work queued with it is done
+                spare, self._pools[device] = self._pools.get(device), fresh
+        if spare is not None:
+            spare.close()   # freed once the work queued with it is done
         return int(fresh._life.handle.value)
 
     def release_workspace(self) -> None:
@@ -615,13 +615,18 @@ def is_closed(array: DeviceArray) -> bool:
     return array._dead or (life is not None and life.closed)
 
 
+def closed_array_error(name: Optional[str]) -> HandleClosedError:
+    """The error for a closed array given as the argument `name` (None: not an argument)."""
+    if name is None:
+        return HandleClosedError("this DeviceArray was closed; it cannot be used any more")
+    return HandleClosedError(f"{name} is a closed DeviceArray; its device memory was freed")
+
+
 def open_address(array: DeviceArray, name: Optional[str] = None) -> int:
     """The array's device address (0 without memory); HandleClosedError once it was closed
     (naming the argument `name`, if given)."""
     if is_closed(array):
-        if name is None:
-            raise HandleClosedError("this DeviceArray was closed; it cannot be used any more")
-        raise HandleClosedError(f"{name} is a closed DeviceArray; its device memory was freed")
+        raise closed_array_error(name)
     return array._address
 
 

@@ -20,9 +20,9 @@ import numpy as np
 
 from . import _ffi
 from ._checks import plain_array
-from ._device import (DeviceArray, DeviceBuffer, Stream, default_stream, is_closed, lives_of, order_launch,
-                      record_launch)
-from .errors import ArgumentError, HandleClosedError
+from ._device import (DeviceArray, DeviceBuffer, Stream, closed_array_error, default_stream, is_closed, lives_of,
+                      order_launch, record_launch)
+from .errors import ArgumentError
 from .runtime import Owned, Use, current_device, runtime_api, state
 from .tensor import AclIntArray, AclTensor, TensorView
 
@@ -265,7 +265,7 @@ def stream_argument(stream: object) -> Stream:
 def check_open(arrays: Mapping[str, Optional[DeviceArray]]) -> None:
     for name, array in arrays.items():
         if array is not None and is_closed(array):
-            raise HandleClosedError(f"{name} is a closed DeviceArray; its device memory was freed")
+            raise closed_array_error(name)
 
 
 def device_arrays(signature: Signature, arguments: Mapping[str, Any]) -> Dict[str, DeviceArray]:

@@ -20,8 +20,8 @@ import numpy as np
 
 from . import _ffi
 from ._checks import synchronize_flag
-from ._device import (DeviceArray, DeviceBuffer, Stream, is_closed, lives_of, open_address, order_launch,
-                      record_launch)
+from ._device import (DeviceArray, DeviceBuffer, Stream, closed_array_error, is_closed, lives_of, open_address,
+                      order_launch, record_launch)
 from ._operator import (Operator, Signature, check_open, device_arrays, host_lists, make_executor, preset_outputs,
                         stream_argument, views_of)
 from .errors import ArgumentError, HandleClosedError
@@ -321,7 +321,7 @@ class Plan(Uncopyable):
         if not isinstance(array, DeviceArray):
             raise TypeError(f"{name} must be a DeviceArray, got {type(array).__name__}")
         if is_closed(array):
-            raise HandleClosedError(f"{name} is a closed DeviceArray")
+            raise closed_array_error(name)
         if array._layout != previous._layout:
             raise ArgumentError(f"{name} has layout (shape, dtype, strides, offset) {array.layout()}; the plan was "
                                 f"built for {previous.layout()}")
