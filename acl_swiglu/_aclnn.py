@@ -22,9 +22,8 @@ from . import _ffi
 from ._arena import ArenaLayout, arena_layout
 from ._checks import plain_array
 from ._device import DeviceArray, Stream, default_stream, lives_of, order_launch, record_launch
-from ._operator import (Executor, Operator, OperatorDescription, Signature, check_open, device_arrays, host_lists,
-                        layout_key, picker, preset_outputs, remembered, stream_argument, views_of)
-from ._plan import Binding
+from ._operator import (Binding, Executor, Operator, OperatorDescription, Signature, check_open, device_arrays,
+                        host_lists, layout_key, picker, preset_outputs, remembered, stream_argument, views_of)
 from .errors import ArgumentError, HostMemoryError
 from .runtime import (Life, Use, _runtime, at_fork_in_child, current_device, free_collected, in_forked_child,
                       release_due, runtime_api, state)
@@ -454,8 +453,8 @@ def _bind(operator: Operator, signature: Signature, kept: _Kept, arrays: Dict[st
     else:
         binding.bind(arrays)
     size = binding.workspace_size
-    binding.launch.workspace = stream.take_workspace(size, use) if size else None
-    binding.launch.stream = stream._address.value
+    binding.launch_args.workspace = stream.take_workspace(size, use) if size else None
+    binding.launch_args.stream = stream._address.value
 
 
 def _put_back(operator: Operator, kept: _Kept, generation: int) -> None:

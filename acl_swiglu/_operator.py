@@ -21,7 +21,7 @@ import numpy as np
 from . import _ffi
 from ._checks import plain_array
 from ._device import (DeviceArray, DeviceBuffer, Stream, closed_array_error, default_stream, is_closed, lives_of,
-                      order_launch, record_launch)
+                      open_address, order_launch, record_launch)
 from .errors import ArgumentError
 from .runtime import Owned, Use, current_device, runtime_api, state
 from .tensor import AclIntArray, AclTensor, TensorView
@@ -293,46 +293,108 @@ def preset_outputs(problem: Any) -> Tuple[str, ...]:
     return preset
 
 
-def make_executor(owner: Owned, operator: Operator, signature: Signature, arrays: Mapping[str, DeviceArray],
-                  host_values: Mapping[str, np.ndarray], scalars: Sequence[Any],
-                  views: Mapping[str, TensorView]) -> Tuple[Dict[str, AclTensor], int]:
-    """Phase 1 on tensors made for these arrays (seen through `views`; and int arrays of these
-    host values): the executor is owned by `owner` from the moment phase 1 writes it, and
-    destroyed before its tensors. Returns the tensors and the workspace size."""
-    api = operator.api()
-    tensors: Dict[str, AclTensor] = {}
-    raw_destroy: Callable[[Any], int] = api.raw.aclDestroyAclOpExecutor
+class Binding(Owned):
+    """An executor phase 1 made over tensor handles of its own, one per array parameter (int
+    arrays of host values go right after phase 1), destroyed before them. ``bind`` points a
+    repeatable one's tensors at arrays of the same layouts; ``launch_call(launch_argument, sync)``
+    runs phase 2 on the stream and workspace ``launch_args`` name. A plan's binding is used under
+    the plan's lock, a device-level call's by the call that took it out of its operator's pool."""
 
-    def destroy(handle: Any) -> int:
-        status = raw_destroy(handle)
-        for tensor in tensors.values():
-            tensor.close()   # (they must outlive the executor)
-        return status
+    _kind = "plan executor"
 
-    handle = _ffi.aclOpExecutor_p()
-    owner._prepare(destroy, handle, current_device())
-    try:
-        for name, array in arrays.items():
-            tensors[name] = AclTensor(array, views.get(name))
-        lists: Dict[str, AclIntArray] = {}
+    def __init__(self, operator: Operator, signature: Signature, arrays: Mapping[str, DeviceArray],
+                 host_values: Mapping[str, np.ndarray], scalars: Sequence[Any], views: Mapping[str, TensorView],
+                 repeatable: bool = True) -> None:
+        super().__init__()
+        self.operator = operator
+        self._workspace_size = 0
+        tensors: Dict[str, AclTensor] = {}
+        self.tensors = tensors
         try:
-            for name, values in host_values.items():
-                lists[name] = AclIntArray(values)
-            size = ctypes.c_uint64()
-            status = getattr(api.hot, operator.description.phase1)(
-                *signature.phase1_arguments({**tensors, **lists}, scalars), ctypes.byref(size), ctypes.byref(handle))
-        finally:
-            for host in lists.values():   # (read by phase 1: freed right after it)
-                host.close()
-        operator.check_status(api, status, operator.description.phase1)
-    except BaseException:
-        for tensor in tensors.values():
-            tensor.close()
-        raise
-    return tensors, int(size.value)
+            api = operator.api()
+            raw_destroy: Callable[[Any], int] = api.raw.aclDestroyAclOpExecutor
+
+            def destroy(handle: Any) -> int:
+                status = raw_destroy(handle)
+                for tensor in tensors.values():
+                    tensor.close()   # (they must outlive the executor)
+                return status
+
+            handle = _ffi.aclOpExecutor_p()
+            self._prepare(destroy, handle, current_device())
+            for name, array in arrays.items():
+                tensors[name] = AclTensor(array, views.get(name))
+            lists: Dict[str, AclIntArray] = {}
+            try:
+                for name, values in host_values.items():
+                    lists[name] = AclIntArray(values)
+                size = ctypes.c_uint64()
+                status = getattr(api.hot, operator.description.phase1)(*signature.phase1_arguments(
+                    {**tensors, **lists}, scalars), ctypes.byref(size), ctypes.byref(handle))
+            finally:
+                for host in lists.values():   # (read by phase 1: freed right after it)
+                    host.close()
+            operator.check_status(api, status, operator.description.phase1)
+            self._workspace_size = int(size.value)
+            if repeatable:
+                api.aclSetAclOpExecutorRepeatable(handle)
+            self.host_values = {name: tuple(int(v) for v in values) for name, values in host_values.items()}
+            # (the addresses the tensors were made with)
+            self.addresses: Dict[str, Optional[int]] = {name: array._address for name, array in arrays.items()}
+            executor = ctypes.c_void_p(ctypes.cast(handle, ctypes.c_void_p).value)
+            self.setters = {}
+            for name, tensor in tensors.items():
+                symbol = "aclSetOutputTensorAddr" if name in signature.output_names else "aclSetInputTensorAddr"
+                self.setters[name] = (getattr(api.hot, symbol), executor,
+                                      ctypes.c_size_t(signature.address_index[name]), tensor.address, symbol)
+            d = operator.description
+            self.launch_args = _ffi.HelperLaunch(_ffi.c_address(api, d.phase2, d.phase1),
+                                                 _ffi.c_address(api, "aclrtSynchronizeStream"), None,
+                                                 self._workspace_size, executor.value, None)
+            self.launch_argument = ctypes.byref(self.launch_args)
+            self.launch_call = api.hot.acl_swiglu_launch
+        except BaseException:
+            self.close()   # (the executor, if phase 1 made one, then its tensors)
+            for tensor in tensors.values():
+                tensor.close()
+            raise
+
+    @property
+    def workspace_size(self) -> int:
+        """Bytes of workspace phase 2 needs (what phase 1 asked for)."""
+        return self._workspace_size
+
+    def bind(self, arrays: Mapping[str, DeviceArray]) -> None:
+        """Points the tensors at these arrays' addresses: all of them or, when a setter fails,
+        none (the previous addresses restored)."""
+        changed: List[Tuple[str, Optional[int]]] = []
+        try:
+            for name, array in arrays.items():
+                address = open_address(array, name)
+                previous = self.addresses[name]
+                if address != previous:
+                    self.addresses[name] = None   # (unknown until the setter returns)
+                    changed.append((name, previous))
+                    self._set(name, address)
+                    self.addresses[name] = address
+        except BaseException:
+            for name, previous in reversed(changed):
+                if previous is not None and self.addresses[name] != previous:
+                    try:
+                        self._set(name, previous)
+                        self.addresses[name] = previous
+                    except Exception:   # the first failure is the one to report; unknown stays unknown
+                        pass
+            raise
+
+    def _set(self, name: str, address: int) -> None:
+        setter, executor, index, tensor, symbol = self.setters[name]
+        status = setter(executor, index, tensor, ctypes.c_void_p(address or None))
+        if status:
+            self.operator.check_status(self.operator.api(), status, symbol)
 
 
-class Executor(Owned):
+class Executor(Binding):
     """The aclOpExecutor phase 1 returned, with the arrays it was made for and its own tensors.
 
     Single-use unless made repeatable: ``launch`` consumes a single-use one (CANN frees it), a
@@ -345,30 +407,20 @@ class Executor(Owned):
     def __init__(self, operator: Operator, signature: Signature, arrays: Dict[str, DeviceArray],
                  host_values: Mapping[str, np.ndarray], scalars: Sequence[Any],
                  views: Mapping[str, TensorView]) -> None:
-        super().__init__()
-        self._workspace_size = 0
         self._repeatable = False
         self._launches = 0
-        self._operator = operator
         self._arrays = dict(arrays)
         self._inputs = [a for name, a in self._arrays.items() if name not in signature.output_names]
         self._outputs = [a for name, a in self._arrays.items() if name in signature.output_names]
-        self._tensors: Dict[str, AclTensor] = {}
         self._hold = Use(lives_of(self._arrays.values()))   # the arrays, until closed, consumed or collected
         weakref.finalize(self, setattr, self._hold, "active", False)
         try:
             if not self._hold.take():
                 check_open(self._arrays)
-            self._tensors, self._workspace_size = make_executor(self, operator, signature, arrays, host_values,
-                                                               scalars, views)
+            super().__init__(operator, signature, arrays, host_values, scalars, views, repeatable=False)
         except BaseException:
-            self.close()
+            self._hold.let_go()
             raise
-
-    @property
-    def workspace_size(self) -> int:
-        """Bytes of workspace phase 2 needs (what phase 1 asked for)."""
-        return self._workspace_size
 
     @property
     def repeatable(self) -> bool:
@@ -400,37 +452,32 @@ class Executor(Owned):
                                 "this Executor (a single-use executor is consumed by its launch, or by close())")
                 stream.check_open("stream")
                 check_open(self._arrays)
+            size = self.workspace_size
             if workspace is not None:
                 if not use.add(workspace._life):
                     workspace.check_open("workspace")
-                if self.workspace_size and workspace._nbytes < self.workspace_size:
-                    raise ArgumentError(f"workspace has {workspace._nbytes} bytes; phase 1 asked for "
-                                        f"{self.workspace_size}")
-                address: Optional[int] = workspace._life.handle.value if self.workspace_size else None   # (held)
+                if size and workspace._nbytes < size:
+                    raise ArgumentError(f"workspace has {workspace._nbytes} bytes; phase 1 asked for {size}")
+                address: Optional[int] = workspace._life.handle.value if size else None   # (held)
             else:
-                address = stream.take_workspace(self.workspace_size, use) if self.workspace_size else None
+                address = stream.take_workspace(size, use) if size else None
             order_launch(self._inputs, self._outputs, stream._life)
-            self._launch_now(address, stream)
+            self.launch_args.workspace, self.launch_args.stream = address, stream._address.value
+            result = self.launch_call(self.launch_argument, 0)
+            self._launches += 1
+            if not self._repeatable:
+                # CANN consumed it, failed or not: never destroy it ourselves.
+                self._disown()
+                for tensor in self.tensors.values():
+                    tensor.close()   # (a queued launch keeps what it needs of them)
+                self._hold.let_go()   # (the launch's own hold recorded the stream on the arrays)
+            if result:
+                self.operator.raise_launch_failure(result)
             record_launch(self._inputs, self._outputs, stream._life)
             if state.epoch != epoch:
                 check_open(self._arrays)   # closed by another thread during the launch: it must not succeed
         finally:
             use.let_go()
-
-    def _launch_now(self, workspace: Optional[int], stream: Stream) -> None:
-        api = self._operator.api()
-        phase2 = self._operator.description.phase2
-        handle = self._as_parameter_
-        status = getattr(api.hot, phase2)(ctypes.c_void_p(workspace), ctypes.c_uint64(self.workspace_size), handle,
-                                          stream._address)
-        self._launches += 1
-        if not self.repeatable:
-            # CANN consumed it, failed or not: never destroy it ourselves.
-            self._disown()
-            for tensor in self._tensors.values():
-                tensor.close()   # (a queued launch keeps what it needs of them)
-            self._hold.let_go()   # (the launch's own hold recorded the stream on the arrays)
-        self._operator.check_status(api, status, phase2)
 
     def close(self) -> None:
         """Destroys the executor (then its tensors) once nothing uses it, and lets go of its arrays."""

@@ -1,6 +1,5 @@
-"""Repeatable executors: a ``Binding`` (one repeatable executor of an operator over its own
-tensor handles, whose addresses are rebound to arrays of the same layouts) and the public
-``Plan`` built on one, for hot loops. Device-level calls reuse Bindings too (_aclnn.py).
+"""The public ``Plan``: one repeatable executor of an operator (a ``Binding``, _operator.py)
+for fixed layouts, whose tensors are rebound to arrays of the same layouts, for hot loops.
 
 A plan call is made under the plan's lock. It launches at once when nothing changed since the
 plan last checked (the epoch, runtime.state); otherwise it first checks that what it is bound to
@@ -9,92 +8,21 @@ is open, waits for other streams' work on its arrays, and afterwards records its
 
 from __future__ import annotations
 
-import ctypes
 import threading
 from contextlib import suppress
 import weakref
 from types import TracebackType
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Type, TypeVar
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Type, TypeVar
 
 import numpy as np
 
-from . import _ffi
 from ._checks import synchronize_flag
-from ._device import (DeviceArray, DeviceBuffer, Stream, closed_array_error, is_closed, lives_of, open_address,
-                      order_launch, record_launch)
-from ._operator import (Operator, Signature, check_open, device_arrays, host_lists, make_executor, preset_outputs,
-                        stream_argument, views_of)
+from ._device import (DeviceArray, DeviceBuffer, Stream, closed_array_error, is_closed, lives_of, order_launch,
+                      record_launch)
+from ._operator import (Binding, Operator, check_open, device_arrays, host_lists, preset_outputs, stream_argument,
+                        views_of)
 from .errors import ArgumentError, HandleClosedError
-from .runtime import (Owned, Uncopyable, Use, _runtime, at_fork_in_child, in_forked_child, release_due, runtime_api,
-                      state)
-from .tensor import AclTensor, TensorView
-
-
-class Binding(Owned):
-    """A repeatable executor over its own tensor handles, one per array parameter; ``bind``
-    points them at arrays of the same layouts. Used by one call at a time: its plan's (under the
-    plan's lock), or the device-level call that took it out of its operator's pool."""
-
-    _kind = "plan executor"
-
-    def __init__(self, operator: Operator, signature: Signature, arrays: Mapping[str, DeviceArray],
-                 host_values: Mapping[str, np.ndarray], scalars: Sequence[Any],
-                 views: Mapping[str, TensorView]) -> None:
-        super().__init__()
-        self.operator = operator
-        self.tensors: Dict[str, AclTensor] = {}
-        try:
-            self.tensors, self.workspace_size = make_executor(self, operator, signature, arrays, host_values, scalars,
-                                                              views)
-            api = operator.api()
-            api.aclSetAclOpExecutorRepeatable(self._life.handle)
-            self.host_values = {name: tuple(int(v) for v in values) for name, values in host_values.items()}
-            # (the addresses the tensors were made with)
-            self.addresses: Dict[str, Optional[int]] = {name: array._address for name, array in arrays.items()}
-            executor = ctypes.c_void_p(ctypes.cast(self._life.handle, ctypes.c_void_p).value)
-            self.setters = {}
-            for name, tensor in self.tensors.items():
-                symbol = "aclSetOutputTensorAddr" if name in signature.output_names else "aclSetInputTensorAddr"
-                self.setters[name] = (getattr(api.hot, symbol), executor,
-                                      ctypes.c_size_t(signature.address_index[name]), tensor.address, symbol)
-            d = operator.description
-            self.launch = _ffi.HelperLaunch(_ffi.c_address(api, d.phase2, d.phase1),
-                                            _ffi.c_address(api, "aclrtSynchronizeStream"), None, self.workspace_size,
-                                            executor.value, None)
-            self.launch_argument = ctypes.byref(self.launch)
-            self.launch_call = api.hot.acl_swiglu_launch
-        except BaseException:
-            self.close()
-            raise
-
-    def bind(self, arrays: Mapping[str, DeviceArray]) -> None:
-        """Points the tensors at these arrays' addresses: all of them or, when a setter fails,
-        none (the previous addresses restored)."""
-        changed: List[Tuple[str, Optional[int]]] = []
-        try:
-            for name, array in arrays.items():
-                address = open_address(array, name)
-                previous = self.addresses[name]
-                if address != previous:
-                    self.addresses[name] = None   # (unknown until the setter returns)
-                    changed.append((name, previous))
-                    self._set(name, address)
-                    self.addresses[name] = address
-        except BaseException:
-            for name, previous in reversed(changed):
-                if previous is not None and self.addresses[name] != previous:
-                    try:
-                        self._set(name, previous)
-                        self.addresses[name] = previous
-                    except Exception:   # the first failure is the one to report; unknown stays unknown
-                        pass
-            raise
-
-    def _set(self, name: str, address: int) -> None:
-        setter, executor, index, tensor, symbol = self.setters[name]
-        status = setter(executor, index, tensor, ctypes.c_void_p(address or None))
-        if status:
-            self.operator.check_status(self.operator.api(), status, symbol)
+from .runtime import Uncopyable, Use, _runtime, at_fork_in_child, in_forked_child, release_due, runtime_api, state
 
 
 _plans: "weakref.WeakSet[Plan]" = weakref.WeakSet()
@@ -162,8 +90,8 @@ class Plan(Uncopyable):
     def _point_launch(self) -> None:
         binding = self._binding
         assert binding is not None
-        binding.launch.stream = self._stream._address.value
-        binding.launch.workspace = None if self._workspace is None else self._workspace.ptr
+        binding.launch_args.stream = self._stream._address.value
+        binding.launch_args.workspace = None if self._workspace is None else self._workspace.ptr
         self._launch_call, self._launch_argument = binding.launch_call, binding.launch_argument
 
     def _set_outputs(self) -> None:

@@ -389,12 +389,11 @@ TARGETS: Dict[str, Tuple[Callable[..., Any], List[Operation]]] = {
     "_operator.Operator.problem": (_operator.Operator.problem, [PlanBuild()]),
     "_operator.remembered": (_operator.remembered, [PlanBuild(), DeviceCall()]),
     "_operator.Operator.api": (_operator.Operator.api, [OneShot()]),
-    "_operator.make_executor": (_operator.make_executor, [Phases(), PlanBuild(), PlanBuild(abi=1)]),
     "_operator.Executor.__init__": (_operator.Executor.__init__, [Phases()]),
     "_operator.Executor.launch": (_operator.Executor.launch, [Phases(), Phases(repeatable=True, explicit=True)]),
-    "_operator.Executor._launch_now": (_operator.Executor._launch_now, [Phases()]),
-    "_plan.Binding.__init__": (_plan.Binding.__init__, [PlanBuild(), DeviceCall(), PlanCall(abi=1, rebind=True)]),
-    "_plan.Binding.bind": (_plan.Binding.bind, [PlanCall(rebind=True)]),
+    "_operator.Binding.__init__": (_operator.Binding.__init__, [Phases(), PlanBuild(), PlanBuild(abi=1), DeviceCall(),
+                                                                PlanCall(abi=1, rebind=True)]),
+    "_operator.Binding.bind": (_operator.Binding.bind, [PlanCall(rebind=True)]),
     "_plan.Plan.__init__": (_plan.Plan.__init__, [PlanBuild(), PlanBuild(abi=1)]),
     "_plan.Plan.__call__": (_plan.Plan.__call__, [PlanCall(), PlanCall(rebind=True)]),
     "_plan.Plan._prepare": (_plan.Plan._prepare, [PlanCall(rebind=True)]),
@@ -543,7 +542,7 @@ def test_an_interrupt_at_any_line_leaves_nothing_held(name):
 # What makes a function "acquiring": it makes or holds something that must be given back.
 _ACQUIRES = ("Use(", ".take(", "use.add(", "_prepare(", "state.lock", "self._lock", "with self.lock", "DeviceBuffer(",
              "DeviceArray.empty(", "AclTensor(", "AclIntArray(", "Stream()", "Binding(", "Executor(",
-             "make_executor(", "adopt(", "_next_due(", "close_life(", "release_due(")
+             "adopt(", "_next_due(", "close_life(", "release_due(")
 _CORE = {"runtime": runtime, "_device": _device, "tensor": tensor, "_operator": _operator, "_plan": _plan,
          "_aclnn": _aclnn, "_arena": _arena}
 
