@@ -322,7 +322,7 @@ class DeviceBuffer(Owned):
     def __repr__(self) -> str:
         if self.closed:
             return "<DeviceBuffer closed>"
-        owner = "owned" if self._finalizer is not None else "borrowed"
+        owner = "owned" if self._life.destroy is not None else "borrowed"
         return f"<DeviceBuffer 0x{self.ptr:x} {self.nbytes} bytes {owner}>"
 
 

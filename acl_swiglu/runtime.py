@@ -33,9 +33,10 @@ class _State:
         self.due: Set[Life] = set()   # closed lives not yet freed
         # References to the lives a thread may be waiting on (owned streams), each dropped with its life.
         self.waited: "Set[weakref.ReferenceType[Life]]" = set()
-        # Lives whose owners were garbage-collected, appended by their finalizers (a C-level
-        # append: a finalizer an exception interrupts has either recorded its life or not run).
-        self.collected: List[Life] = []
+        # The weak references (keys of _runtime.owned) of owners that were garbage-collected,
+        # appended by the reference's callback itself (a C-level append: a collection an
+        # exception interrupts has either recorded its owner or not run).
+        self.collected: "List[weakref.ReferenceType[Any]]" = []
 
 
 state = _State()
@@ -45,11 +46,11 @@ Destroy = Callable[[Any], Optional[int]]
 
 
 class Life:
-    """One native handle's state, shared with its finalizer (which cannot see the object).
+    """One native handle's state, shared with the runtime, which closes it when its owner is collected.
     ``handle`` is set by the very statement that makes the handle, and set to None by the one
     that frees it: an exception between leaves it owned."""
 
-    __slots__ = ("handle", "destroy", "device", "holders", "streams", "closed", "key", "__weakref__")
+    __slots__ = ("handle", "destroy", "device", "holders", "streams", "closed", "__weakref__")
 
     def __init__(self, destroy: Optional[Destroy] = None, handle: Any = None, device: Optional[int] = None) -> None:
         self.handle = handle
@@ -58,7 +59,6 @@ class Life:
         self.holders: Set[Use] = set()   # the Uses that may hold it (those still active do)
         self.streams: Optional[Set[Life]] = None   # lives of streams whose queued work may use it
         self.closed = False
-        self.key = 0
 
     def wait(self) -> None:
         """Streams override this: wait for the work queued on them."""
@@ -116,11 +116,13 @@ def _take_collected() -> None:
     """Closes the lives of collected owners (each step can be made again: a pass an exception cut
     short is finished by the next)."""
     with state.lock:
-        lives = state.collected[:]
-        for life in lives:
-            _runtime.owned.pop(life.key, None)
-            _mark_closed(life)
-        del state.collected[:len(lives)]
+        references = state.collected[:]
+        for reference in references:
+            life = _runtime.owned.get(reference)
+            if life is not None:   # (None: closed, or handed over, before its owner went)
+                _mark_closed(life)
+                del _runtime.owned[reference]
+        del state.collected[:len(references)]
 
 
 def _mark_closed(life: Life) -> None:
@@ -266,8 +268,8 @@ class _Runtime:
         self.device_id: Optional[int] = None   # set_device's choice; None: ACL_SWIGLU_DEVICE_ID
         self.generation = 0                   # moves at set_device: bound threads rebind
         self.local = threading.local()
-        self.owned: "Dict[int, weakref.finalize[Any, Any]]" = {}
-        self.owned_counter = 0
+        # What the package owns: each handle's life, by a weak reference to the object that owns it.
+        self.owned: "Dict[weakref.ReferenceType[Any], Life]" = {}
         self.exiting = False
 
     def usable(self) -> bool:
@@ -340,19 +342,17 @@ class _Runtime:
 
     # -- ownership --
 
-    def adopt(self, obj: object, life: Life) -> "weakref.finalize[Any, Any]":
-        """Registers `life` to be closed once: at close(), GC, or exit (newest first)."""
+    def adopt(self, obj: object, life: Life) -> "weakref.ReferenceType[Any]":
+        """Registers `life` to be closed once: at close(), when `obj` is collected, or at exit
+        (newest first). Returns the reference to give disown()."""
+        reference = weakref.ref(obj, state.collected.append)
         with state.lock:
-            self.owned_counter += 1
-            life.key = self.owned_counter
-            finalizer = weakref.finalize(obj, state.collected.append, life)
-            finalizer.atexit = False   # shutdown() runs them in order instead
-            self.owned[life.key] = finalizer
-        return finalizer
+            self.owned[reference] = life
+        return reference
 
-    def disown(self, life: Life) -> None:
+    def disown(self, reference: "weakref.ReferenceType[Any]") -> None:
         with state.lock:
-            self.owned.pop(life.key, None)
+            self.owned.pop(reference, None)
 
     def shutdown(self) -> None:
         """At exit: frees what is still owned (newest first), then finalises what we initialised."""
@@ -364,16 +364,7 @@ class _Runtime:
                 release_due()
         with state.lock:
             self.exiting = True   # (what is still held is freed all the same: nothing runs after this)
-            pending = [self.owned[k] for k in sorted(self.owned, reverse=True)]
-        for finalizer in pending:
-            # weakref.finalize may already have shut down (its own exit hook can run before this
-            # one, and then calling a finalizer does nothing): detach and call it here.
-            detached = finalizer.detach()
-            if detached is None:
-                continue
-            _, func, args, kwargs = detached
-            with suppress(Exception):
-                func(*args, **kwargs)
+            state.collected.extend(reversed(self.owned))   # (as if every owner was collected, newest first)
         with suppress(Exception):
             release_due()   # (also what was closed while held)
         with state.lock:
@@ -498,7 +489,7 @@ class Owned(Uncopyable):
 
     def __init__(self) -> None:
         self._life = Life()
-        self._finalizer: "Optional[weakref.finalize[Any, Any]]" = None
+        self._reference: "Optional[weakref.ReferenceType[Any]]" = None   # the runtime's, while it owns a handle
 
     def _prepare(self, destroy: Destroy, handle: Any = None, device: Optional[int] = None) -> Life:
         """Readies this object to own a handle: call right before the statement that makes it,
@@ -506,7 +497,7 @@ class Owned(Uncopyable):
         out-parameter given here). `device`: the device the handle belongs to."""
         life = self._life = self._make_life(destroy, handle)
         life.device = device
-        self._finalizer = _runtime.adopt(self, life)
+        self._reference = _runtime.adopt(self, life)
         return life
 
     def _make_life(self, destroy: Optional[Destroy], handle: Any) -> Life:
@@ -538,10 +529,13 @@ class Owned(Uncopyable):
         holds it and the streams that used it have passed that work. Closing again finishes a
         close an exception cut short."""
         close_life(self._life)
-        finalizer = self._finalizer
-        if finalizer is not None:
-            finalizer.detach()
-            _runtime.disown(self._life)
+        self._forget()
+
+    def _forget(self) -> None:
+        """The runtime no longer closes the handle when this object is collected."""
+        if self._reference is not None:
+            _runtime.disown(self._reference)
+            self._reference = None
 
     def _disown(self) -> None:
         """Forgets the handle without freeing it: its owner is now someone else (e.g. CANN)."""
@@ -550,9 +544,7 @@ class Owned(Uncopyable):
             life.destroy = None
             life.closed = True
             state.epoch += 1
-        if self._finalizer is not None:
-            self._finalizer.detach()
-            _runtime.disown(life)
+        self._forget()
 
     def __enter__(self: _Self) -> _Self:
         return self

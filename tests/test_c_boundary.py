@@ -40,21 +40,31 @@ def test_integers_for_c_are_range_checked(call, names):
     assert names in str(info.value)
 
 
-def test_a_device_id_from_the_environment_beyond_int32_is_a_configuration_error(monkeypatch):
-    monkeypatch.setenv(runtime.ENV_DEVICE_ID, "4294967296")
-    box = {}
+def test_a_device_id_from_the_environment_beyond_int32_is_a_configuration_error(tmp_path):
+    # (a fresh process: the variable counts only until set_device() chooses a device)
+    script = tmp_path / "first_use.py"
+    script.write_text(textwrap.dedent(r"""
+        import threading
+        import numpy as np
+        import acl_swiglu
+        box = {}
 
-    def first_use():   # a new thread binds its device on its first call
-        try:
-            acl_swiglu.swiglu_group_quant_grad(np.ones((2, 4), F32), np.ones((2, 8), F32))
-        except Exception as exc:
-            box["error"] = exc
+        def first_use():   # a new thread binds its device on its first call
+            try:
+                acl_swiglu.swiglu_group_quant_grad(np.ones((2, 4), np.float32), np.ones((2, 8), np.float32))
+            except Exception as exc:
+                box["error"] = exc
 
-    thread = threading.Thread(target=first_use)
-    thread.start()
-    thread.join(60)
-    assert isinstance(box.get("error"), acl_swiglu.ConfigurationError), box
-    assert runtime.ENV_DEVICE_ID in str(box["error"])
+        thread = threading.Thread(target=first_use)
+        thread.start()
+        thread.join(60)
+        print(type(box.get("error")).__name__, box.get("error"))
+    """))
+    env = dict(os.environ, **{runtime.ENV_DEVICE_ID: "4294967296"})
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("ConfigurationError "), proc.stdout
+    assert runtime.ENV_DEVICE_ID in proc.stdout
 
 
 @pytest.mark.parametrize("dtype", [object, "V0", "S0", "U3", [("a", "i4")]])

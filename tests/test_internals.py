@@ -158,11 +158,11 @@ def _inside_close(monkeypatch, owner, action):
     real = runtime._runtime.disown
     ran = []
 
-    def disown(life):
-        if life is owner._life and not ran:
+    def disown(reference):
+        if reference() is owner and not ran:
             ran.append(1)
             action()
-        real(life)
+        real(reference)
 
     monkeypatch.setattr(runtime._runtime, "disown", disown)
     return ran
