@@ -124,6 +124,9 @@ class HelperLaunch(ctypes.Structure):
 
 # What acl_swiglu_launch's result says in its upper 32 bits (the lower 32: the failed call's status).
 LAUNCH_PHASE2_FAILED = 1   # (2: the synchronisation failed)
+# Its flags: wait for the stream after phase 2; phase 2 hands a single-use executor to CANN (the
+# helper clears HelperLaunch.executor in the same call).
+LAUNCH_SYNCHRONIZE, LAUNCH_HANDS_OVER = 1, 2
 
 
 class OneShotApi(ctypes.Structure):

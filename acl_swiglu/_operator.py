@@ -12,6 +12,7 @@ import ctypes
 import re
 from operator import itemgetter
 import struct
+import threading
 import weakref
 from types import SimpleNamespace
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, TypeVar, cast
@@ -298,7 +299,8 @@ class Binding(Owned):
     arrays of host values go right after phase 1), destroyed before them. ``bind`` points a
     repeatable one's tensors at arrays of the same layouts; ``launch_call(launch_argument, sync)``
     runs phase 2 on the stream and workspace ``launch_args`` name. A plan's binding is used under
-    the plan's lock, a device-level call's by the call that took it out of its operator's pool."""
+    the plan's lock, a device-level call's by the call that took it out of its operator's pool, an
+    Executor under its launch lock."""
 
     _kind = "plan executor"
 
@@ -409,6 +411,7 @@ class Executor(Binding):
                  views: Mapping[str, TensorView]) -> None:
         self._repeatable = False
         self._launches = 0
+        self._launching = threading.Lock()   # (launch_args is one per executor)
         self._arrays = dict(arrays)
         self._inputs = [a for name, a in self._arrays.items() if name not in signature.output_names]
         self._outputs = [a for name, a in self._arrays.items() if name in signature.output_names]
@@ -434,50 +437,62 @@ class Executor(Binding):
 
     def make_repeatable(self) -> None:
         """aclSetAclOpExecutorRepeatable: keep the executor for many launches."""
-        self.check_open()
-        runtime_api().aclSetAclOpExecutorRepeatable(self)
-        self._repeatable = True
+        with self._launching:
+            self.check_open()
+            runtime_api().aclSetAclOpExecutorRepeatable(self)
+            self._repeatable = True
 
     def launch(self, stream: Optional[Stream] = None, workspace: Optional[DeviceBuffer] = None) -> None:
         """Phase 2 on `stream` (default stream if None). The work runs asynchronously: wait
-        with stream.synchronize() or read an output with to_numpy(), which waits for its writer."""
+        with stream.synchronize() or read an output with to_numpy(), which waits for its writer.
+        Launches of one executor from several threads take turns."""
+        self.operator.api()   # (a thread's first call binds its device; in a forked child it refuses)
         stream = stream_argument(stream)
         if workspace is not None and not isinstance(workspace, DeviceBuffer):
             raise TypeError(f"workspace must be an acl_swiglu.DeviceBuffer or None, got {type(workspace).__name__}")
         use = Use((self._life, stream._life, *lives_of(self._arrays.values())), stream._life)
         try:
-            epoch = state.epoch
-            if not use.take():
-                self.check_open("this repeatable Executor" if self.repeatable else
-                                "this Executor (a single-use executor is consumed by its launch, or by close())")
-                stream.check_open("stream")
-                check_open(self._arrays)
-            size = self.workspace_size
-            if workspace is not None:
-                if not use.add(workspace._life):
-                    workspace.check_open("workspace")
-                if size and workspace._nbytes < size:
-                    raise ArgumentError(f"workspace has {workspace._nbytes} bytes; phase 1 asked for {size}")
-                address: Optional[int] = workspace._life.handle.value if size else None   # (held)
-            else:
-                address = stream.take_workspace(size, use) if size else None
-            order_launch(self._inputs, self._outputs, stream._life)
-            self.launch_args.workspace, self.launch_args.stream = address, stream._address.value
-            result = self.launch_call(self.launch_argument, 0)
-            self._launches += 1
-            if not self._repeatable:
-                # CANN consumed it, failed or not: never destroy it ourselves.
-                self._disown()
-                for tensor in self.tensors.values():
-                    tensor.close()   # (a queued launch keeps what it needs of them)
-                self._hold.let_go()   # (the launch's own hold recorded the stream on the arrays)
-            if result:
-                self.operator.raise_launch_failure(result)
-            record_launch(self._inputs, self._outputs, stream._life)
-            if state.epoch != epoch:
-                check_open(self._arrays)   # closed by another thread during the launch: it must not succeed
+            with self._launching:
+                self._launch(stream, workspace, use)
         finally:
             use.let_go()
+
+    def _launch(self, stream: Stream, workspace: Optional[DeviceBuffer], use: Use) -> None:
+        epoch = state.epoch
+        if not use.take():
+            self.check_open("this repeatable Executor" if self.repeatable else
+                            "this Executor (a single-use executor is consumed by its launch, or by close())")
+            stream.check_open("stream")
+            check_open(self._arrays)
+        size = self.workspace_size
+        if workspace is not None:
+            if not use.add(workspace._life):
+                workspace.check_open("workspace")
+            if size and workspace._nbytes < size:
+                raise ArgumentError(f"workspace has {workspace._nbytes} bytes; phase 1 asked for {size}")
+            address: Optional[int] = workspace._life.handle.value if size else None   # (held)
+        else:
+            address = stream.take_workspace(size, use) if size else None
+        order_launch(self._inputs, self._outputs, stream._life)
+        self.launch_args.workspace, self.launch_args.stream = address, stream._address.value
+        hands_over = 0 if self._repeatable else _ffi.LAUNCH_HANDS_OVER
+        try:
+            result = self.launch_call(self.launch_argument, hands_over)
+        finally:
+            if hands_over and not self.launch_args.executor:
+                self._handed_over()   # (CANN has it, failed or not: never destroy it ourselves)
+        self._launches += 1
+        if result:
+            self.operator.raise_launch_failure(result)
+        record_launch(self._inputs, self._outputs, stream._life)
+        if state.epoch != epoch:
+            check_open(self._arrays)   # closed by another thread during the launch: it must not succeed
+
+    def _handed_over(self) -> None:
+        self._disown()
+        for tensor in self.tensors.values():
+            tensor.close()   # (a queued launch keeps what it needs of them)
+        self._hold.let_go()   # (the launch's own hold recorded the stream on the arrays)
 
     def close(self) -> None:
         """Destroys the executor (then its tensors) once nothing uses it, and lets go of its arrays."""

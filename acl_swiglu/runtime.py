@@ -41,6 +41,16 @@ class _State:
 
 state = _State()
 
+
+class OwnerReference(weakref.ref):  # type: ignore[type-arg]
+    """A weak reference to an owner, hashed and compared as itself: an owner class's own
+    ``__eq__`` and ``__hash__`` (a subclass's) must not merge or refuse entries."""
+
+    __slots__ = ()
+    __hash__ = object.__hash__
+    __eq__ = object.__eq__
+    __ne__ = object.__ne__
+
 # Frees a native handle; returns its C status (non-zero: the free failed) or None.
 Destroy = Callable[[Any], Optional[int]]
 
@@ -142,23 +152,28 @@ def release_due() -> None:
         _take_collected()
     if not state.due or not _runtime.usable():
         return   # (nothing due; or not initialised, exited or forked: never ours to free)
-    if getattr(_runtime.local, "generation", -1) != _runtime.generation and not _runtime.exiting:
+    local = _runtime.local
+    if getattr(local, "generation", -1) != _runtime.generation and not _runtime.exiting:
         return
-    if _waiting():
-        return   # (the wait frees what is due when it ends)
-    while state.due:
-        life: Optional[Life] = None
-        try:
+    if getattr(local, "releasing", False) or _waiting():
+        return   # (a free that closes more, an executor its tensors, leaves them to the loop below)
+    life: Optional[Life] = None
+    try:
+        local.releasing = True
+        while state.due:
+            life = None
             with state.lock:
                 life = _next_due()
             if life is None:
-                return
+                break   # (not return: CPython runs a return's finally outside the try's reach)
             _free(life)
-        except BaseException:
-            if life is not None and life.handle is not None:
-                with state.lock:
-                    state.due.add(life)
-            raise
+    except BaseException:
+        if life is not None and life.handle is not None:
+            with state.lock:
+                state.due.add(life)
+        raise
+    finally:
+        local.releasing = False
 
 
 def _free(life: Life) -> None:
@@ -345,7 +360,7 @@ class _Runtime:
     def adopt(self, obj: object, life: Life) -> "weakref.ReferenceType[Any]":
         """Registers `life` to be closed once: at close(), when `obj` is collected, or at exit
         (newest first). Returns the reference to give disown()."""
-        reference = weakref.ref(obj, state.collected.append)
+        reference = OwnerReference(obj, state.collected.append)
         with state.lock:
             self.owned[reference] = life
         return reference

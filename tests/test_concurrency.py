@@ -325,6 +325,8 @@ def _use_package_in_child(conn, attempts, watchdog_path):
         "to_device": lambda: acl_swiglu.to_device(case[0]),
         "stream": lambda: acl_swiglu.Stream(),
         "inherited_plan": lambda: _INHERITED["plan"](),
+        "inherited_executor": lambda: _INHERITED["executor"].launch(_INHERITED["stream"],
+                                                                    workspace=_INHERITED["workspace"]),
         "release_cached": acl_swiglu.release_cached,
     }
     try:
@@ -390,7 +392,7 @@ def _fork_child(attempts, tmp_path, what):
     return report
 
 
-ALL_ATTEMPTS = ("one_shot", "to_device", "stream", "inherited_plan", "release_cached")
+ALL_ATTEMPTS = ("one_shot", "to_device", "stream", "inherited_plan", "inherited_executor", "release_cached")
 
 
 def test_fork_child_that_uses_the_package_gets_a_clear_error(tmp_path):
@@ -401,12 +403,16 @@ def test_fork_child_that_uses_the_package_gets_a_clear_error(tmp_path):
         plan = stack.enter_context(acl_swiglu.SwigluGroupQuantGradPlan(*d))
         plan()
         _INHERITED["plan"] = plan
+        grad_x = stack.enter_context(acl_swiglu.DeviceArray.empty(d[1].shape, d[1].dtype))
+        _INHERITED["executor"] = stack.enter_context(acl_swiglu.get_workspace_size(*d, grad_x=grad_x))
+        _INHERITED["stream"] = stack.enter_context(acl_swiglu.Stream())
+        _INHERITED["workspace"] = stack.enter_context(acl_swiglu.DeviceBuffer(1 << 16))
         try:
             report = _fork_child(ALL_ATTEMPTS, tmp_path, "forked child using the package")
         finally:
             _INHERITED.clear()
         # everything that needs ACL is refused; release_cached may also just drop the objects
-        for name in ("one_shot", "to_device", "stream", "inherited_plan"):
+        for name in ("one_shot", "to_device", "stream", "inherited_plan", "inherited_executor"):
             assert report[name][0] == "error" and report[name][2] == 100001, (name, report[name])
         # the parent is unaffected
         want = device_model.swiglu_group_quant_grad_model(*case[:2])

@@ -36,6 +36,7 @@ from swiglu_cases import at_line, on_thread  # noqa: E402
 
 import acl_swiglu  # noqa: E402
 from acl_swiglu import _aclnn, _arena, _device, _operator, _plan, emulator, runtime, tensor  # noqa: E402
+from acl_swiglu.errors import HandleClosedError  # noqa: E402
 
 pytestmark = pytest.mark.emulator_only
 
@@ -391,6 +392,8 @@ TARGETS: Dict[str, Tuple[Callable[..., Any], List[Operation]]] = {
     "_operator.Operator.api": (_operator.Operator.api, [OneShot()]),
     "_operator.Executor.__init__": (_operator.Executor.__init__, [Phases()]),
     "_operator.Executor.launch": (_operator.Executor.launch, [Phases(), Phases(repeatable=True, explicit=True)]),
+    "_operator.Executor._launch": (_operator.Executor._launch, [Phases(), Phases(repeatable=True, explicit=True)]),
+    "_operator.Executor.make_repeatable": (_operator.Executor.make_repeatable, [Phases(repeatable=True)]),
     "_operator.Binding.__init__": (_operator.Binding.__init__, [Phases(), PlanBuild(), PlanBuild(abi=1), DeviceCall(),
                                                                 PlanCall(abi=1, rebind=True)]),
     "_operator.Binding.bind": (_operator.Binding.bind, [PlanCall(rebind=True)]),
@@ -439,7 +442,7 @@ RELEASES: Dict[str, Tuple[Callable[..., Any], List[Operation]]] = {
     "_aclnn.release_cached": (_aclnn.release_cached, [ReleaseCached()]),
 }
 CLEANUP = {"runtime.Use.let_go", "runtime._free", "runtime._next_due", "runtime._mark_closed",
-           "runtime._Runtime.disown"}
+           "runtime._Runtime.disown", "_operator.Executor._handed_over"}
 
 
 def _interruptible_lines(function: Callable[..., Any]) -> List[int]:
@@ -540,7 +543,8 @@ def test_an_interrupt_at_any_line_leaves_nothing_held(name):
 
 
 # What makes a function "acquiring": it makes or holds something that must be given back.
-_ACQUIRES = ("Use(", ".take(", "use.add(", "_prepare(", "state.lock", "self._lock", "with self.lock", "DeviceBuffer(",
+_ACQUIRES = ("Use(", ".take(", "use.add(", "_prepare(", "state.lock", "self._lock", "with self.lock", "self._launching",
+             "DeviceBuffer(",
              "DeviceArray.empty(", "AclTensor(", "AclIntArray(", "Stream()", "Binding(", "Executor(",
              "adopt(", "_next_due(", "close_life(", "release_due(")
 _CORE = {"runtime": runtime, "_device": _device, "tensor": tensor, "_operator": _operator, "_plan": _plan,
@@ -581,3 +585,24 @@ def test_every_acquiring_function_is_swept():
     covered = set(TARGETS) | ELSEWHERE | set(RELEASES) | CLEANUP
     missing = [name for name in _acquiring_functions() if name not in covered]
     assert not missing, f"acquiring functions the sweep does not cover: {missing}"
+
+
+def test_an_interrupt_right_after_a_single_use_launch_leaves_the_executor_consumed():
+    """CANN owns a single-use executor once phase 2 has it: an exception arriving right after the
+    launch returns still leaves it closed (never launched or destroyed again by the package)."""
+    function = _operator.Executor._launch
+    lines, first = inspect.getsourcelines(function)
+    after = first + next(i for i, text in enumerate(lines) if "self._launches += 1" in text)
+    start = _live()
+    with ExitStack() as stack:
+        arrays, groups, stream, (gx, gw), workspace = Phases().setup(stack)
+        executor = acl_swiglu.get_workspace_size(*arrays, groups, CLAMP, grad_x=gx, grad_weight=gw)
+        assert _run_interrupted(function.__code__, after, lambda: executor.launch(stream))
+        stream.synchronize()
+        assert executor.closed
+        assert _same(gx.to_numpy(), WANT[0]) and _same(gw.to_numpy(), WANT[1])   # (the launch ran)
+        with pytest.raises(HandleClosedError, match="consumed by its launch"):
+            executor.launch(stream)
+        executor.close()
+        assert Phases().check((arrays, groups, stream, (gx, gw), workspace)) is None
+    assert _live() == start

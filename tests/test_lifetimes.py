@@ -11,7 +11,9 @@ that would catch the race:
 5. fork: while a parent thread is inside a plan, after only an import, after ACL was initialised
    (each in a subprocess with a time limit);
 6. a gc callback calling the same plan during one of its calls: a clear error, never a deadlock;
-7. 1000 short-lived threads making one-shot calls: their cached streams and workspaces go.
+7. 1000 short-lived threads making one-shot calls: their cached streams and workspaces go;
+8. owners: subclasses with value equality, hundreds of plans dropped at once, one executor
+   launched from two threads, an executor launched from a thread that never used the package.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import device_model  # noqa: E402
 
 import acl_swiglu  # noqa: E402
-from acl_swiglu import emulator  # noqa: E402
+from acl_swiglu import emulator, errors  # noqa: E402
 
 pytestmark = pytest.mark.emulator_only
 
@@ -536,3 +538,125 @@ def test_a_plan_waits_for_its_inputs_written_on_another_stream():
                     got = plan(synchronize=True)[0].to_numpy()
                     want = device_model.swiglu_group_quant_grad_model(ones, want_of(gy, x))[0]
                     assert bits_equal(got, want), round_
+
+
+# ----------------------------------------------------------------------------- 8. owners
+
+
+class SizedBuffer(acl_swiglu.DeviceBuffer):
+    """A user's subclass whose instances compare (and hash) by size."""
+
+    def __eq__(self, other):
+        return isinstance(other, SizedBuffer) and other.nbytes == self.nbytes
+
+    def __hash__(self):
+        return hash(self.nbytes)
+
+
+class NamedStream(acl_swiglu.Stream):
+    """A user's subclass with __eq__ and so no hash."""
+
+    def __eq__(self, other):
+        return self is other
+
+    __hash__ = None   # type: ignore[assignment]
+
+
+def test_owners_that_compare_equal_each_keep_and_free_their_own_handle():
+    gc.collect()
+    acl_swiglu.release_cached()
+    baseline = emulator.live_counts()
+    data = np.arange(64, dtype=np.float32)
+    for _ in range(20):
+        kept, dropped = SizedBuffer(256), SizedBuffer(256)
+        kept.copy_from_host(data)
+        del dropped
+        gc.collect()
+        acl_swiglu.DeviceBuffer(8).close()   # (frees what the collection left due)
+        assert not kept.closed
+        out = np.empty(64, np.float32)
+        kept.copy_to_host(out)
+        assert np.array_equal(out, data)
+        del kept
+        with NamedStream() as stream:
+            stream.synchronize()
+    gc.collect()
+    acl_swiglu.release_cached()
+    assert emulator.live_counts() == baseline
+
+
+def test_hundreds_of_plans_dropped_at_once_are_all_freed_and_the_next_call_works():
+    gy, x = case(900)
+    want = want_of(gy, x)
+    acl_swiglu.swiglu_group_quant_grad(gy, x)
+    gc.collect()
+    baseline = emulator.live_counts()
+    for count in (150, 400):
+        with acl_swiglu.to_device(gy) as d_gy, acl_swiglu.to_device(x) as d_x:
+            plans = [acl_swiglu.SwigluGroupQuantGradPlan(d_gy, d_x) for _ in range(count)]
+            for plan in plans:
+                plan()
+            assert emulator.live_counts()["executor"] >= baseline["executor"] + count
+            del plans, plan
+            gc.collect()
+            assert bits_equal(acl_swiglu.swiglu_group_quant_grad(gy, x)[0], want)
+        acl_swiglu.release_cached()
+        gc.collect()
+        acl_swiglu.swiglu_group_quant_grad(gy, x)
+        assert emulator.live_counts() == baseline, count
+
+
+def test_a_single_use_executor_launched_from_two_threads_runs_once():
+    gy, x = case(910)
+    want = want_of(gy, x)
+    outcomes = {"launched": 0, "refused": 0, "other": []}
+    with acl_swiglu.Stream() as first, acl_swiglu.Stream() as second, acl_swiglu.to_device(gy) as d_gy, \
+            acl_swiglu.to_device(x) as d_x, acl_swiglu.DeviceArray.empty((T, 2 * H), F32) as out:
+        for _ in range(150):
+            executor = acl_swiglu.get_workspace_size(d_gy, d_x, grad_x=out)
+            barrier = threading.Barrier(2)
+
+            def launch(stream):
+                barrier.wait()
+                try:
+                    executor.launch(stream)
+                    outcomes["launched"] += 1
+                except errors.HandleClosedError as exc:
+                    assert "consumed by its launch" in str(exc)
+                    outcomes["refused"] += 1
+                except BaseException as exc:   # (reported below)
+                    outcomes["other"].append(repr(exc))
+
+            threads = [run_thread(launch, stream) for stream in (first, second)]
+            for thread, failures in threads:
+                join(thread)
+                assert not failures, failures
+            first.synchronize()
+            second.synchronize()
+        assert not outcomes["other"], outcomes["other"][:3]
+        assert outcomes["launched"] == 150 and outcomes["refused"] == 150, outcomes
+        assert bits_equal(out.to_numpy(), want)
+
+
+def test_an_executor_launched_from_a_thread_new_to_the_package_runs():
+    gy, x = case(920)
+    want = want_of(gy, x)
+    with acl_swiglu.Stream() as stream, acl_swiglu.to_device(gy) as d_gy, acl_swiglu.to_device(x) as d_x, \
+            acl_swiglu.DeviceArray.empty((T, 2 * H), F32) as out:
+        executor = acl_swiglu.get_workspace_size(d_gy, d_x, grad_x=out)
+        with acl_swiglu.DeviceBuffer(max(executor.workspace_size, 1)) as workspace:
+            failures = []
+
+            def launch():
+                try:
+                    executor.launch(stream, workspace=workspace)
+                except BaseException as exc:   # (reported below)
+                    failures.append(repr(exc))
+
+            thread, errors_ = run_thread(launch)
+            join(thread)
+            assert not errors_, errors_
+            stream.synchronize()
+            assert not failures, failures
+            assert executor.closed
+            assert bits_equal(out.to_numpy(), want)
