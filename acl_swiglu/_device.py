@@ -317,7 +317,8 @@ class DeviceBuffer(Owned):
         finally:
             use.let_go()
         if self.closed:
-            raise HandleClosedError(f"this {self._kind} was closed during the copy")
+            raise HandleClosedError(f"this {self._kind} was closed during the copy (by close(), or collected "
+                                    "with the last objects that referred to it, as a finalizer in a cycle sees it)")
 
     def __repr__(self) -> str:
         if self.closed:
