@@ -338,7 +338,7 @@ def _helper_library() -> ctypes.CDLL:
 def bind_all(libs: _loader.Libraries) -> SimpleNamespace:
     """Binds the runtime, meta and helper rows; returns a namespace of checked functions with
     ``.raw`` and ``.hot``. Operators' rows are bound by ``bind_operator``."""
-    bound = SimpleNamespace(raw=SimpleNamespace(), hot=SimpleNamespace(), libraries=libs, operators={})
+    bound = SimpleNamespace(raw=SimpleNamespace(), hot=SimpleNamespace(), libraries=libs, operators={}, addresses={})
     bound.get_message = ctypes.CFUNCTYPE(c_char_p)(("aclGetRecentErrMsg", libs.runtime))
     bound.helper = _helper_library()
     libraries = {"runtime": libs.runtime, "meta": libs.meta, "helper": bound.helper}
@@ -369,13 +369,20 @@ def bind_operator(rows: Sequence[Declaration], symbol: str) -> SimpleNamespace:
 def c_address(bound: SimpleNamespace, symbol: str, operator_symbol: Optional[str] = None) -> int:
     """The address of a C function in the library the API binds it from (whatever Python object
     stands in api.raw for it): what the helper, which calls C from C, is handed. An operator's
-    functions are looked up in the library of its `operator_symbol`."""
-    row = next(d for d in declarations() if d.symbol == symbol)
-    if row.library == "operator":
-        library = bound.operators[operator_symbol or symbol]
-    else:
-        library = {"runtime": bound.libraries.runtime, "meta": bound.libraries.meta, "helper": bound.helper}[row.library]
-    return ctypes.cast(library[symbol], c_void_p).value or 0
+    functions are looked up in the library of its `operator_symbol`. Looked up once per API."""
+    key = (symbol, operator_symbol)
+    address: Optional[int] = bound.addresses.get(key)
+    if address is None:
+        row = next(d for d in declarations() if d.symbol == symbol)
+        if row.library == "operator":
+            library = bound.operators[operator_symbol or symbol]
+        else:
+            library = {"runtime": bound.libraries.runtime, "meta": bound.libraries.meta,
+                       "helper": bound.helper}[row.library]
+        address = ctypes.cast(library[symbol], c_void_p).value or 0
+        with _lock:
+            bound.addresses[key] = address
+    return address
 
 
 def api() -> SimpleNamespace:
