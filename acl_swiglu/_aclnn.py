@@ -420,7 +420,7 @@ def _launch(operator: Operator, kept: _Kept, arrays: Mapping[str, Any], stream: 
     kept.checked_at = -1
     binding = kept.binding
     assert binding is not None   # (bound)
-    result = binding.launch_call(binding.launch_argument, 0)
+    result = binding._launch_call(binding._launch_argument, 0)
     if result:
         operator.raise_launch_failure(result)
     life = stream._life
@@ -451,10 +451,10 @@ def _bind(operator: Operator, signature: Signature, kept: _Kept, arrays: Dict[st
         binding = kept.binding = Binding(operator, signature, arrays, hosts, layout.scalars, views_of(layout.problem))
         use.add(binding._life)
     else:
-        binding.bind(arrays)
+        binding._rebind(arrays)
     size = binding.workspace_size
-    binding.launch_args.workspace = stream.take_workspace(size, use) if size else None
-    binding.launch_args.stream = stream._address.value
+    binding._launch_args.workspace = stream.take_workspace(size, use) if size else None
+    binding._launch_args.stream = stream._address.value
 
 
 def _put_back(operator: Operator, kept: _Kept, generation: int) -> None:

@@ -296,9 +296,9 @@ def preset_outputs(problem: Any) -> Tuple[str, ...]:
 
 class Binding(Owned):
     """An executor phase 1 made over tensor handles of its own, one per array parameter (int
-    arrays of host values go right after phase 1), destroyed before them. ``bind`` points a
-    repeatable one's tensors at arrays of the same layouts; ``launch_call(launch_argument, sync)``
-    runs phase 2 on the stream and workspace ``launch_args`` name. A plan's binding is used under
+    arrays of host values go right after phase 1), destroyed before them. ``_rebind`` points a
+    repeatable one's tensors at arrays of the same layouts; ``_launch_call(_launch_argument, sync)``
+    runs phase 2 on the stream and workspace ``_launch_args`` name. A plan's binding is used under
     the plan's lock, a device-level call's by the call that took it out of its operator's pool, an
     Executor under its launch lock."""
 
@@ -308,10 +308,10 @@ class Binding(Owned):
                  host_values: Mapping[str, np.ndarray], scalars: Sequence[Any], views: Mapping[str, TensorView],
                  repeatable: bool = True) -> None:
         super().__init__()
-        self.operator = operator
+        self._operator = operator
         self._workspace_size = 0
         tensors: Dict[str, AclTensor] = {}
-        self.tensors = tensors
+        self._tensors = tensors
         try:
             api = operator.api()
             raw_destroy: Callable[[Any], int] = api.raw.aclDestroyAclOpExecutor
@@ -340,21 +340,21 @@ class Binding(Owned):
             self._workspace_size = int(size.value)
             if repeatable:
                 api.aclSetAclOpExecutorRepeatable(handle)
-            self.host_values = {name: tuple(int(v) for v in values) for name, values in host_values.items()}
+            self._host_values = {name: tuple(int(v) for v in values) for name, values in host_values.items()}
             # (the addresses the tensors were made with)
-            self.addresses: Dict[str, Optional[int]] = {name: array._address for name, array in arrays.items()}
+            self._addresses: Dict[str, Optional[int]] = {name: array._address for name, array in arrays.items()}
             executor = ctypes.c_void_p(ctypes.cast(handle, ctypes.c_void_p).value)
-            self.setters = {}
+            self._setters = {}
             for name, tensor in tensors.items():
                 symbol = "aclSetOutputTensorAddr" if name in signature.output_names else "aclSetInputTensorAddr"
-                self.setters[name] = (getattr(api.hot, symbol), executor,
+                self._setters[name] = (getattr(api.hot, symbol), executor,
                                       ctypes.c_size_t(signature.address_index[name]), tensor.address, symbol)
             d = operator.description
-            self.launch_args = _ffi.HelperLaunch(_ffi.c_address(api, d.phase2, d.phase1),
+            self._launch_args = _ffi.HelperLaunch(_ffi.c_address(api, d.phase2, d.phase1),
                                                  _ffi.c_address(api, "aclrtSynchronizeStream"), None,
                                                  self._workspace_size, executor.value, None)
-            self.launch_argument = ctypes.byref(self.launch_args)
-            self.launch_call = api.hot.acl_swiglu_launch
+            self._launch_argument = ctypes.byref(self._launch_args)
+            self._launch_call = api.hot.acl_swiglu_launch
         except BaseException:
             self.close()   # (the executor, if phase 1 made one, then its tensors)
             for tensor in tensors.values():
@@ -366,34 +366,34 @@ class Binding(Owned):
         """Bytes of workspace phase 2 needs (what phase 1 asked for)."""
         return self._workspace_size
 
-    def bind(self, arrays: Mapping[str, DeviceArray]) -> None:
+    def _rebind(self, arrays: Mapping[str, DeviceArray]) -> None:
         """Points the tensors at these arrays' addresses: all of them or, when a setter fails,
         none (the previous addresses restored)."""
         changed: List[Tuple[str, Optional[int]]] = []
         try:
             for name, array in arrays.items():
                 address = open_address(array, name)
-                previous = self.addresses[name]
+                previous = self._addresses[name]
                 if address != previous:
-                    self.addresses[name] = None   # (unknown until the setter returns)
+                    self._addresses[name] = None   # (unknown until the setter returns)
                     changed.append((name, previous))
                     self._set(name, address)
-                    self.addresses[name] = address
+                    self._addresses[name] = address
         except BaseException:
             for name, previous in reversed(changed):
-                if previous is not None and self.addresses[name] != previous:
+                if previous is not None and self._addresses[name] != previous:
                     try:
                         self._set(name, previous)
-                        self.addresses[name] = previous
+                        self._addresses[name] = previous
                     except Exception:   # the first failure is the one to report; unknown stays unknown
                         pass
             raise
 
     def _set(self, name: str, address: int) -> None:
-        setter, executor, index, tensor, symbol = self.setters[name]
+        setter, executor, index, tensor, symbol = self._setters[name]
         status = setter(executor, index, tensor, ctypes.c_void_p(address or None))
         if status:
-            self.operator.check_status(self.operator.api(), status, symbol)
+            self._operator.check_status(self._operator.api(), status, symbol)
 
 
 class Executor(Binding):
@@ -446,7 +446,7 @@ class Executor(Binding):
         """Phase 2 on `stream` (default stream if None). The work runs asynchronously: wait
         with stream.synchronize() or read an output with to_numpy(), which waits for its writer.
         Launches of one executor from several threads take turns."""
-        self.operator.api()   # (a thread's first call binds its device; in a forked child it refuses)
+        self._operator.api()   # (a thread's first call binds its device; in a forked child it refuses)
         stream = stream_argument(stream)
         if workspace is not None and not isinstance(workspace, DeviceBuffer):
             raise TypeError(f"workspace must be an acl_swiglu.DeviceBuffer or None, got {type(workspace).__name__}")
@@ -474,23 +474,23 @@ class Executor(Binding):
         else:
             address = stream.take_workspace(size, use) if size else None
         order_launch(self._inputs, self._outputs, stream._life)
-        self.launch_args.workspace, self.launch_args.stream = address, stream._address.value
+        self._launch_args.workspace, self._launch_args.stream = address, stream._address.value
         hands_over = 0 if self._repeatable else _ffi.LAUNCH_HANDS_OVER
         try:
-            result = self.launch_call(self.launch_argument, hands_over)
+            result = self._launch_call(self._launch_argument, hands_over)
         finally:
-            if hands_over and not self.launch_args.executor:
+            if hands_over and not self._launch_args.executor:
                 self._handed_over()   # (CANN has it, failed or not: never destroy it ourselves)
         self._launches += 1
         if result:
-            self.operator.raise_launch_failure(result)
+            self._operator.raise_launch_failure(result)
         record_launch(self._inputs, self._outputs, stream._life)
         if state.epoch != epoch:
             check_open(self._arrays)   # closed by another thread during the launch: it must not succeed
 
     def _handed_over(self) -> None:
         self._disown()
-        for tensor in self.tensors.values():
+        for tensor in self._tensors.values():
             tensor.close()   # (a queued launch keeps what it needs of them)
         self._hold.let_go()   # (the launch's own hold recorded the stream on the arrays)
 

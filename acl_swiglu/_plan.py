@@ -90,9 +90,9 @@ class Plan(Uncopyable):
     def _point_launch(self) -> None:
         binding = self._binding
         assert binding is not None
-        binding.launch_args.stream = self._stream._address.value
-        binding.launch_args.workspace = None if self._workspace is None else self._workspace.ptr
-        self._launch_call, self._launch_argument = binding.launch_call, binding.launch_argument
+        binding._launch_args.stream = self._stream._address.value
+        binding._launch_args.workspace = None if self._workspace is None else self._workspace.ptr
+        self._launch_call, self._launch_argument = binding._launch_call, binding._launch_argument
 
     def _set_outputs(self) -> None:
         names = self._signature.output_names
@@ -170,7 +170,7 @@ class Plan(Uncopyable):
         self._check_bindings()
         if not taken:   # (the plan's own executor or workspace: closed only by the plan)
             raise HandleClosedError(f"this {type(self).__name__}'s executor or workspace was closed")
-        binding.bind(self._arrays)
+        binding._rebind(self._arrays)
         self._point_launch()   # (what a rebind an exception cut short did not derive yet)
         self._set_outputs()
         self._operator.description.guard(self._problem, self._arguments, self._signature.revision)
@@ -217,13 +217,13 @@ class Plan(Uncopyable):
             if value is None:
                 continue
             if name in signature.host_names:
-                if name not in binding.host_values:
+                if name not in binding._host_values:
                     raise ArgumentError(f"the plan was built without {name}; build another plan to use it")
                 hosts[name] = self._operator.description.host_values(name, value)
             elif value is not self._arrays.get(name):
                 self._check_rebind(name, value)
                 changes[name] = value
-        new_hosts = {name: v for name, v in hosts.items() if tuple(int(x) for x in v) != binding.host_values[name]}
+        new_hosts = {name: v for name, v in hosts.items() if tuple(int(x) for x in v) != binding._host_values[name]}
         if not changes and not new_hosts:
             return
         arguments = {**self._arguments, **changes, **hosts}
@@ -231,10 +231,10 @@ class Plan(Uncopyable):
         bound = {**self._arrays, **changes}
         self._checked_at = -1   # whatever happens from here, the next launch holds, binds and checks first
         if new_hosts:
-            binding = self._regroup(bound, {**{n: np.asarray(v, np.int64) for n, v in binding.host_values.items()},
+            binding = self._regroup(bound, {**{n: np.asarray(v, np.int64) for n, v in binding._host_values.items()},
                                             **hosts})
         else:
-            binding.bind(bound)   # (an address that cannot be read refuses the rebind here)
+            binding._rebind(bound)   # (an address that cannot be read refuses the rebind here)
         retired = self._retired if binding is current else [*self._retired, current]
         # The rebind takes effect in this one statement: an exception before it leaves the plan as
         # it was, after it as rebound (the next launch closes the executor it replaced, holds,

@@ -115,15 +115,15 @@ def test_release_cached_during_a_device_level_launch():
     with acl_swiglu.Stream() as stream, acl_swiglu.to_device(gy) as d_gy, acl_swiglu.to_device(x) as d_x, \
             acl_swiglu.DeviceArray.empty(x.shape, np.float32) as out:
         acl_swiglu.swiglu_group_quant_grad_device(d_gy, d_x, grad_x=out, stream=stream)
-        (binding,) = [k.binding for k in OPERATOR.kept if k.binding.addresses.get("grad_x") == out.ptr]
-        real = binding.launch_call
+        (binding,) = [k.binding for k in OPERATOR.kept if k.binding._addresses.get("grad_x") == out.ptr]
+        real = binding._launch_call
 
         def launch(argument, synchronize):
             result = real(argument, synchronize)
             acl_swiglu.release_cached()
             return result
 
-        binding.launch_call = launch
+        binding._launch_call = launch
         acl_swiglu.swiglu_group_quant_grad_device(d_gy, d_x, grad_x=out, stream=stream)
         assert binding.closed and not OPERATOR.kept
         assert same_bits(out.to_numpy(), want(gy, x, None))

@@ -396,7 +396,7 @@ TARGETS: Dict[str, Tuple[Callable[..., Any], List[Operation]]] = {
     "_operator.Executor.make_repeatable": (_operator.Executor.make_repeatable, [Phases(repeatable=True)]),
     "_operator.Binding.__init__": (_operator.Binding.__init__, [Phases(), PlanBuild(), PlanBuild(abi=1), DeviceCall(),
                                                                 PlanCall(abi=1, rebind=True)]),
-    "_operator.Binding.bind": (_operator.Binding.bind, [PlanCall(rebind=True)]),
+    "_operator.Binding._rebind": (_operator.Binding._rebind, [PlanCall(rebind=True)]),
     "_plan.Plan.__init__": (_plan.Plan.__init__, [PlanBuild(), PlanBuild(abi=1)]),
     "_plan.Plan.__call__": (_plan.Plan.__call__, [PlanCall(), PlanCall(rebind=True)]),
     "_plan.Plan._prepare": (_plan.Plan._prepare, [PlanCall(rebind=True)]),
