@@ -60,28 +60,26 @@ def host_element_strides(array: np.ndarray) -> Optional[Tuple[int, ...]]:
 class StreamLife(Life):
     """A stream's life: a wait works also after a borrowed wrapper was closed; a destroyed
     stream has completed its work. An owned stream's ``lock`` orders its waits against its
-    destruction, and knows the thread inside a wait (runtime._waiting)."""
+    destruction (runtime._free holds it), and knows the thread inside a wait (runtime._waiting)."""
 
-    __slots__ = ("address", "owned", "device", "wrapper", "lock", "destroyed", "owner", "_destroy_stream")
+    __slots__ = ("address", "owned", "device", "wrapper", "lock", "owner")
 
     def __init__(self, destroy: Optional[Destroy], handle: Any, device: Optional[int]) -> None:
-        super().__init__(None if destroy is None else self._destroy_after_waits, handle)
-        self._destroy_stream = destroy
+        super().__init__(destroy, handle)
         self.address = ctypes.cast(handle, ctypes.c_void_p) if handle is not None else ctypes.c_void_p()
         self.owned = destroy is not None
         self.device = device   # the device it belongs to; None for the default stream (each device has one)
         self.wrapper: Optional["weakref.ReferenceType[Stream]"] = None
         self.lock: Any = threading.RLock()   # (its _is_owned() tells a wait of this thread)
-        self.destroyed = False
         self.owner: Optional[StreamLife] = None   # a borrowed wrapper's: the package's own stream it wraps
         if self.owned:
             watch_waits(self)
 
-    def _destroy_after_waits(self, handle: Any) -> Optional[int]:
-        assert self._destroy_stream is not None   # (owned)
-        with self.lock:   # (destroyed once the destroy ran the queued work: a failed one leaves the stream as it was)
-            self.destroyed = (status := self._destroy_stream(handle)) == 0
-            return status
+    @property
+    def destroyed(self) -> bool:
+        """An owned stream the package destroyed (aclrtDestroyStream runs its queued work first)."""
+        handle = self.handle
+        return self.owned and (handle is None or not ctypes.cast(handle, ctypes.c_void_p).value)
 
     def busy(self) -> bool:
         return bool(self.lock._is_owned())

@@ -105,10 +105,12 @@ DECLARATIONS = (
     D("meta", "aclSetRawTensorAddr", aclnnStatus, (aclTensor_p, c_void_p), STATUS),
 )
 
-# The package's helper (binding/): the one-crossing launch of a bound executor, and a one-shot
-# call's whole device side. Each operator's phase-1 thunk is a helper row of its own description.
+# The package's helper (binding/): the one-crossing launch of a bound executor, a one-shot
+# call's whole device side, and a free that clears the package's copy of the handle. Each
+# operator's phase-1 thunk is a helper row of its own description.
 HELPER_DECLARATIONS = (
     D("helper", "acl_swiglu_launch", c_int64, (c_void_p, c_int32), PLAIN, fast=True),
+    D("helper", "acl_swiglu_destroy", c_int32, (c_void_p, c_void_p), PLAIN, fast=True),
     D("helper", "acl_swiglu_one_shot", c_int32, (c_void_p, c_void_p, c_char_p, c_void_p, POINTER(c_uint64)), PLAIN,
       fast=True),
     D("helper", "acl_swiglu_one_shot_message", c_char_p, (), PLAIN, fast=True),

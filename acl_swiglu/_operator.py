@@ -314,16 +314,16 @@ class Binding(Owned):
         self._tensors = tensors
         try:
             api = operator.api()
-            raw_destroy: Callable[[Any], int] = api.raw.aclDestroyAclOpExecutor
 
-            def destroy(handle: Any) -> int:
-                status = raw_destroy(handle)
+            def close_tensors() -> None:
                 for tensor in tensors.values():
                     tensor.close()   # (they must outlive the executor)
-                return status
 
-            handle = _ffi.aclOpExecutor_p()
-            self._prepare(destroy, handle, current_device())
+            # The handle lives in the launch's argument, where a launch that hands it to CANN
+            # clears it (and a NULL handle is never destroyed).
+            launch_args = _ffi.HelperLaunch()
+            handle = _ffi.aclOpExecutor_p.from_buffer(launch_args, _ffi.HelperLaunch.executor.offset)
+            self._prepare(api.raw.aclDestroyAclOpExecutor, handle, current_device()).then = close_tensors
             for name, array in arrays.items():
                 tensors[name] = AclTensor(array, views.get(name))
             lists: Dict[str, AclIntArray] = {}
@@ -350,10 +350,11 @@ class Binding(Owned):
                 self._setters[name] = (getattr(api.hot, symbol), executor,
                                       ctypes.c_size_t(signature.address_index[name]), tensor.address, symbol)
             d = operator.description
-            self._launch_args = _ffi.HelperLaunch(_ffi.c_address(api, d.phase2, d.phase1),
-                                                 _ffi.c_address(api, "aclrtSynchronizeStream"), None,
-                                                 self._workspace_size, executor.value, None)
-            self._launch_argument = ctypes.byref(self._launch_args)
+            launch_args.phase2 = _ffi.c_address(api, d.phase2, d.phase1)
+            launch_args.synchronize = _ffi.c_address(api, "aclrtSynchronizeStream")
+            launch_args.workspace_size = self._workspace_size
+            self._launch_args = launch_args
+            self._launch_argument = ctypes.byref(launch_args)
             self._launch_call = api.hot.acl_swiglu_launch
         except BaseException:
             self.close()   # (the executor, if phase 1 made one, then its tensors)
@@ -411,7 +412,7 @@ class Executor(Binding):
                  views: Mapping[str, TensorView]) -> None:
         self._repeatable = False
         self._launches = 0
-        self._launching = threading.Lock()   # (launch_args is one per executor)
+        self._launching: Any = threading.RLock()   # (_launch_args is one per executor; _is_owned() tells a re-entry)
         self._arrays = dict(arrays)
         self._inputs = [a for name, a in self._arrays.items() if name not in signature.output_names]
         self._outputs = [a for name, a in self._arrays.items() if name in signature.output_names]
@@ -437,10 +438,17 @@ class Executor(Binding):
 
     def make_repeatable(self) -> None:
         """aclSetAclOpExecutorRepeatable: keep the executor for many launches."""
+        api = runtime_api()   # (first: in a forked child it refuses, before any lock is taken)
+        self._refuse_inside_a_launch()
         with self._launching:
             self.check_open()
-            runtime_api().aclSetAclOpExecutorRepeatable(self)
+            api.aclSetAclOpExecutorRepeatable(self)
             self._repeatable = True
+
+    def _refuse_inside_a_launch(self) -> None:
+        if self._launching._is_owned():
+            raise RuntimeError("this Executor was used from code run inside one of its own launches (a gc callback, "
+                               "a finalizer or a signal handler); use it after that launch returns")
 
     def launch(self, stream: Optional[Stream] = None, workspace: Optional[DeviceBuffer] = None) -> None:
         """Phase 2 on `stream` (default stream if None). The work runs asynchronously: wait
@@ -450,6 +458,7 @@ class Executor(Binding):
         stream = stream_argument(stream)
         if workspace is not None and not isinstance(workspace, DeviceBuffer):
             raise TypeError(f"workspace must be an acl_swiglu.DeviceBuffer or None, got {type(workspace).__name__}")
+        self._refuse_inside_a_launch()
         use = Use((self._life, stream._life, *lives_of(self._arrays.values())), stream._life)
         try:
             with self._launching:
@@ -459,6 +468,8 @@ class Executor(Binding):
 
     def _launch(self, stream: Stream, workspace: Optional[DeviceBuffer], use: Use) -> None:
         epoch = state.epoch
+        if not self._launch_args.executor:   # (handed to CANN by a launch whose tidying an exception cut short)
+            self._handed_over()
         if not use.take():
             self.check_open("this repeatable Executor" if self.repeatable else
                             "this Executor (a single-use executor is consumed by its launch, or by close())")

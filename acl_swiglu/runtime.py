@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
-from contextlib import suppress
+from contextlib import nullcontext, suppress
 import os
 import threading
 import weakref
@@ -51,16 +51,20 @@ class OwnerReference(weakref.ref):  # type: ignore[type-arg]
     __eq__ = object.__eq__
     __ne__ = object.__ne__
 
-# Frees a native handle; returns its C status (non-zero: the free failed) or None.
-Destroy = Callable[[Any], Optional[int]]
+# Frees a native handle: a C function (a ctypes function object) that takes the handle and
+# returns its status (non-zero: the free failed).
+Destroy = Any
+
+_NO_LOCK = nullcontext()
 
 
 class Life:
     """One native handle's state, shared with the runtime, which closes it when its owner is collected.
-    ``handle`` is set by the very statement that makes the handle, and set to None by the one
-    that frees it: an exception between leaves it owned."""
+    ``handle`` (a ctypes pointer) is set by the very statement that makes the handle, and made NULL
+    by the very call that frees it (runtime._free): an exception between leaves it owned."""
 
-    __slots__ = ("handle", "destroy", "device", "holders", "streams", "closed", "__weakref__")
+    __slots__ = ("handle", "destroy", "device", "holders", "streams", "closed", "then", "__weakref__")
+    lock: Any = _NO_LOCK   # held while the handle is freed (a stream's: no wait on it runs meanwhile)
 
     def __init__(self, destroy: Optional[Destroy] = None, handle: Any = None, device: Optional[int] = None) -> None:
         self.handle = handle
@@ -69,6 +73,7 @@ class Life:
         self.holders: Set[Use] = set()   # the Uses that may hold it (those still active do)
         self.streams: Optional[Set[Life]] = None   # lives of streams whose queued work may use it
         self.closed = False
+        self.then: Optional[Callable[[], None]] = None   # run once the handle is freed
 
     def wait(self) -> None:
         """Streams override this: wait for the work queued on them."""
@@ -113,26 +118,29 @@ def _waiting() -> bool:
 
 
 def _next_due() -> Optional[Life]:
-    """Under state.lock: takes one closed life that nothing holds out of state.due, to free it."""
+    """Under state.lock: a closed life in state.due that nothing holds, to free (the caller takes
+    it out once it has it: an exception in between leaves it due)."""
     exiting = _runtime.exiting
     for life in state.due:
         if life.closed and (exiting or not _held(life)):
-            state.due.discard(life)
             return life
     return None
 
 
 def _take_collected() -> None:
-    """Closes the lives of collected owners (each step can be made again: a pass an exception cut
-    short is finished by the next)."""
+    """Closes the lives of collected owners, newest first. Each step can be made again, so a pass
+    an exception cut short, or one that code run inside it (a signal handler) made meanwhile, is
+    finished by the next."""
+    collected, owned = state.collected, _runtime.owned
     with state.lock:
-        references = state.collected[:]
-        for reference in references:
-            life = _runtime.owned.get(reference)
+        while collected:
+            reference = collected[-1]
+            life = owned.get(reference)
             if life is not None:   # (None: closed, or handed over, before its owner went)
                 _mark_closed(life)
-                del _runtime.owned[reference]
-        del state.collected[:len(references)]
+                owned.pop(reference, None)
+            with suppress(ValueError):   # (gone already if code run meanwhile took it)
+                collected.remove(reference)   # (one C step; by identity)
 
 
 def _mark_closed(life: Life) -> None:
@@ -164,6 +172,7 @@ def release_due() -> None:
             life = None
             with state.lock:
                 life = _next_due()
+                state.due.discard(life)
             if life is None:
                 break   # (not return: CPython runs a return's finally outside the try's reach)
             _free(life)
@@ -190,9 +199,17 @@ def _free(life: Life) -> None:
         for stream_life in life.streams or ():
             with suppress(Exception):   # (the failure belongs to whoever reads the results)
                 stream_life.wait()
-        status, life.handle = destroy(handle), None
+        with life.lock:
+            # One helper call frees the handle and clears it where the life keeps it: an exception
+            # before the call leaves it to be freed, one after finds it gone. (A failed destroy
+            # leaves it there, never tried again: the life is no longer due.)
+            status = api.hot.acl_swiglu_destroy(ctypes.cast(destroy, ctypes.c_void_p), ctypes.byref(handle))
         if status:   # (cannot be acted on: its text must not show up in the thread's next error)
             _ffi.drop_message(api.get_message)
+        then = life.then
+        if then is not None:
+            life.then = None   # (what it refers to goes with it)
+            then()
     finally:
         if elsewhere:
             api.aclrtSetDevice(here)
@@ -556,7 +573,7 @@ class Owned(Uncopyable):
         """Forgets the handle without freeing it: its owner is now someone else (e.g. CANN)."""
         life = self._life
         with state.lock:
-            life.destroy = None
+            life.destroy = life.then = None
             life.closed = True
             state.epoch += 1
         self._forget()

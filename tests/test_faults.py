@@ -118,6 +118,7 @@ CODES: Dict[str, Tuple[int, ...]] = {
 SWALLOWED = {"aclDestroyTensor", "aclDestroyIntArray", "aclDestroyAclOpExecutor", "aclrtDestroyStream",
              "aclrtFree", "aclrtSynchronizeStream", "aclrtResetDevice", "aclFinalize", "aclrtGetDevice",
              "aclsysGetCANNVersion", "aclGetDeviceCapability", "aclrtGetDeviceInfo"}
+DESTROY_PROTOTYPE = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p)   # (every destroy: a handle in, a status out)
 DESTROYERS = ("aclDestroyTensor", "aclDestroyIntArray", "aclDestroyAclOpExecutor", "aclrtDestroyStream", "aclrtFree")
 KIND_OF_DESTROYER = {"aclDestroyTensor": "tensor", "aclDestroyIntArray": "int_array",
                      "aclDestroyAclOpExecutor": "executor", "aclrtDestroyStream": "stream",
@@ -189,13 +190,15 @@ class DestroyLog:
             original = getattr(api.raw, name)
             self.original[name] = original
 
-            def wrapper(handle, _name=name, _original=original):
+            def wrapper(address, _name=name, _original=original):
+                handle = ctypes.cast(address, _original.argtypes[0])
                 status = _original(handle)
                 if status != 0:
                     self.failed.append((_name, handle, int(status)))
                 return status
 
-            monkeypatch.setattr(api.raw, name, wrapper)
+            # (a C function, as the package frees handles through its helper)
+            monkeypatch.setattr(api.raw, name, DESTROY_PROTOTYPE(wrapper))
 
     def mark(self, owns_nothing: bool) -> None:
         self.before = None

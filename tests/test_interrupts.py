@@ -17,6 +17,7 @@ source checks that no acquiring function is missing from the list.
 from __future__ import annotations
 
 import ast
+import ctypes
 import gc
 import inspect
 import os
@@ -35,7 +36,7 @@ import device_model  # noqa: E402
 from swiglu_cases import at_line, on_thread  # noqa: E402
 
 import acl_swiglu  # noqa: E402
-from acl_swiglu import _aclnn, _arena, _device, _operator, _plan, emulator, runtime, tensor  # noqa: E402
+from acl_swiglu import _aclnn, _arena, _device, _ffi, _operator, _plan, emulator, runtime, tensor  # noqa: E402
 from acl_swiglu.errors import HandleClosedError  # noqa: E402
 
 pytestmark = pytest.mark.emulator_only
@@ -394,6 +395,8 @@ TARGETS: Dict[str, Tuple[Callable[..., Any], List[Operation]]] = {
     "_operator.Executor.launch": (_operator.Executor.launch, [Phases(), Phases(repeatable=True, explicit=True)]),
     "_operator.Executor._launch": (_operator.Executor._launch, [Phases(), Phases(repeatable=True, explicit=True)]),
     "_operator.Executor.make_repeatable": (_operator.Executor.make_repeatable, [Phases(repeatable=True)]),
+    "_operator.Executor._refuse_inside_a_launch": (_operator.Executor._refuse_inside_a_launch,
+                                                   [Phases(), Phases(repeatable=True)]),
     "_operator.Binding.__init__": (_operator.Binding.__init__, [Phases(), PlanBuild(), PlanBuild(abi=1), DeviceCall(),
                                                                 PlanCall(abi=1, rebind=True)]),
     "_operator.Binding._rebind": (_operator.Binding._rebind, [PlanCall(rebind=True)]),
@@ -435,13 +438,14 @@ RELEASES: Dict[str, Tuple[Callable[..., Any], List[Operation]]] = {
     "runtime.Owned._disown": (runtime.Owned._disown, [Phases()]),
     "_device.Stream.release_workspace": (_device.Stream.release_workspace, [StreamLifecycle(), ReleaseCached()]),
     "_device.Stream.close": (_device.Stream.close, [StreamLifecycle()]),
-    "_device.StreamLife._destroy_after_waits": (_device.StreamLife._destroy_after_waits, [StreamLifecycle()]),
+    "runtime._free": (runtime._free, [Copies(), PlanBuild(), StreamLifecycle(), Collected()]),
+    "runtime._next_due": (runtime._next_due, [Copies(), PlanBuild()]),
     "_device.DeviceArray.close": (_device.DeviceArray.close, [Copies()]),
     "_operator.Executor.close": (_operator.Executor.close, [Phases(repeatable=True)]),
     "_plan.Plan.close": (_plan.Plan.close, [PlanClose(), PlanBuild()]),
     "_aclnn.release_cached": (_aclnn.release_cached, [ReleaseCached()]),
 }
-CLEANUP = {"runtime.Use.let_go", "runtime._free", "runtime._next_due", "runtime._mark_closed",
+CLEANUP = {"runtime.Use.let_go", "runtime._mark_closed",
            "runtime._Runtime.disown", "_operator.Executor._handed_over"}
 
 
@@ -587,22 +591,38 @@ def test_every_acquiring_function_is_swept():
     assert not missing, f"acquiring functions the sweep does not cover: {missing}"
 
 
-def test_an_interrupt_right_after_a_single_use_launch_leaves_the_executor_consumed():
+def test_an_interrupt_as_a_launch_hands_its_executor_to_cann_never_has_it_destroyed(monkeypatch):
     """CANN owns a single-use executor once phase 2 has it: an exception arriving right after the
-    launch returns still leaves it closed (never launched or destroyed again by the package)."""
-    function = _operator.Executor._launch
-    lines, first = inspect.getsourcelines(function)
-    after = first + next(i for i, text in enumerate(lines) if "self._launches += 1" in text)
+    launch, or as the Executor tidies up after it, leaves it refused for a second launch and never
+    destroyed by the package; one never launched is destroyed once."""
+    api = _ffi.api()
+    original = api.raw.aclDestroyAclOpExecutor
+    destroyed: List[int] = []
+
+    def counted(address):
+        destroyed.append(address)
+        return original(ctypes.cast(address, original.argtypes[0]))
+
+    monkeypatch.setattr(api.raw, "aclDestroyAclOpExecutor", ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p)(counted))
+    launch_lines, launch_first = inspect.getsourcelines(_operator.Executor._launch)
+    after_launch = launch_first + next(i for i, text in enumerate(launch_lines) if "self._launches += 1" in text)
+    tidy_first = inspect.getsourcelines(_operator.Executor._handed_over)[1] + 1
+    places = [(_operator.Executor._launch, after_launch), (_operator.Executor._handed_over, tidy_first)]
     start = _live()
     with ExitStack() as stack:
         arrays, groups, stream, (gx, gw), workspace = Phases().setup(stack)
-        executor = acl_swiglu.get_workspace_size(*arrays, groups, CLAMP, grad_x=gx, grad_weight=gw)
-        assert _run_interrupted(function.__code__, after, lambda: executor.launch(stream))
-        stream.synchronize()
-        assert executor.closed
-        assert _same(gx.to_numpy(), WANT[0]) and _same(gw.to_numpy(), WANT[1])   # (the launch ran)
-        with pytest.raises(HandleClosedError, match="consumed by its launch"):
-            executor.launch(stream)
-        executor.close()
+        for function, line in places:
+            executor = acl_swiglu.get_workspace_size(*arrays, groups, CLAMP, grad_x=gx, grad_weight=gw)
+            assert _run_interrupted(function.__code__, line, lambda: executor.launch(stream))
+            stream.synchronize()
+            assert _same(gx.to_numpy(), WANT[0]) and _same(gw.to_numpy(), WANT[1])   # (the launch ran)
+            with pytest.raises(HandleClosedError, match="consumed by its launch"):
+                executor.launch(stream)
+            executor.close()
+        assert destroyed == []
+        unused = acl_swiglu.get_workspace_size(*arrays, groups, CLAMP, grad_x=gx, grad_weight=gw)
+        unused.close()
+        assert len(destroyed) == 1
         assert Phases().check((arrays, groups, stream, (gx, gw), workspace)) is None
     assert _live() == start
+    assert len(destroyed) == 1   # (the check's executor was launched: CANN's too)

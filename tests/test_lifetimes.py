@@ -26,7 +26,7 @@ import sys
 import textwrap
 import threading
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 
 import numpy as np
 import pytest
@@ -454,6 +454,19 @@ def test_fork_after_acl_was_initialised_refuses_the_child_clearly(tmp_path):
 # ----------------------------------------------------------------------------- 6. gc callback re-entry
 
 
+@contextmanager
+def collections_calling(callback):
+    """A garbage collection at (nearly) every allocation, each calling callback(phase, info)."""
+    threshold = gc.get_threshold()
+    gc.callbacks.append(callback)
+    gc.set_threshold(1)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(callback)
+
+
 def test_gc_callback_calling_the_same_plan_gets_a_clear_error_not_a_deadlock():
     gy, x = case(600)
     want = want_of(gy, x)
@@ -475,15 +488,9 @@ def test_gc_callback_calling_the_same_plan_gets_a_clear_error_not_a_deadlock():
                     seen["other"].append(exc)
 
         def calls():
-            threshold = gc.get_threshold()
-            gc.callbacks.append(callback)
-            gc.set_threshold(1)   # a collection at (nearly) every allocation, also inside the plan
-            try:
+            with collections_calling(callback):   # (also inside the plan)
                 for i in range(300):
                     plan(d_gy, d_x2 if i % 2 else d_x, grad_x=out)   # a rebinding call
-            finally:
-                gc.set_threshold(*threshold)
-                gc.callbacks.remove(callback)
 
         thread, failures = run_thread(calls)
         join(thread)
@@ -491,6 +498,52 @@ def test_gc_callback_calling_the_same_plan_gets_a_clear_error_not_a_deadlock():
             assert not failures, failures
             assert not seen["other"], seen["other"]
             assert seen["inside"] > 0 and seen["refused"] == seen["inside"], seen
+            assert bits_equal(out.to_numpy(), want)
+
+
+def test_gc_callback_launching_the_same_executor_gets_a_clear_error_not_a_deadlock():
+    """A collection runs at nearly every allocation, its callback launching the executor again:
+    inside a launch of it on this thread that is refused, outside it runs; never a hang."""
+    gy, x = case(610)
+    want = want_of(gy, x)
+    seen = {"ran": 0, "refused": 0, "other": []}
+    with acl_swiglu.Stream() as stream, acl_swiglu.to_device(gy) as d_gy, acl_swiglu.to_device(x) as d_x, \
+            acl_swiglu.DeviceArray.empty(x.shape, F32) as out:
+        executor = acl_swiglu.get_workspace_size(d_gy, d_x, grad_x=out)
+        executor.make_repeatable()
+        launching = threading.Event()
+
+        def callback(phase, info):
+            if phase != "start" or not launching.is_set():
+                return
+            try:
+                executor.launch(stream)
+                seen["ran"] += 1
+            except RuntimeError as exc:
+                if "inside one of its own launches" in str(exc):
+                    seen["refused"] += 1
+                else:
+                    seen["other"].append(exc)
+            except BaseException as exc:   # (reported below)
+                seen["other"].append(exc)
+
+        def launches():
+            try:
+                with collections_calling(callback):   # (also inside the launch)
+                    for _ in range(300):
+                        launching.set()
+                        executor.launch(stream)
+                        launching.clear()
+            finally:
+                launching.clear()
+
+        thread, failures = run_thread(launches)
+        join(thread)
+        with executor:
+            stream.synchronize()
+            assert not failures, failures
+            assert not seen["other"], seen["other"]
+            assert seen["refused"] > 0, seen
             assert bits_equal(out.to_numpy(), want)
 
 

@@ -43,7 +43,7 @@ def _queue_read(d_gy, d_x, out, stream):
     return executor, workspace
 
 
-_DESTROY_LINE = line_of(_device.StreamLife._destroy_after_waits, "self._destroy_stream(handle)")
+_DESTROY_LINE = line_of(runtime._free, "status = api.hot.acl_swiglu_destroy(")
 _WAIT_LOCK_LINE = line_of(_device.StreamLife.wait, "with self.lock:")
 
 
@@ -60,12 +60,12 @@ def _while_destroying(stream, action):
         runtime.runtime_api()   # (bound to the device: this thread frees; not a synchronize, which drains)
 
         def local(frame, event, arg):
-            if event == "line" and frame.f_lineno == _DESTROY_LINE and frame.f_locals.get("self") is life:
+            if event == "line" and frame.f_lineno == _DESTROY_LINE and frame.f_locals.get("life") is life:
                 paused.set()
                 go.wait(JOIN_TIMEOUT)
             return local
 
-        sys.settrace(lambda f, e, a: local if f.f_code is _device.StreamLife._destroy_after_waits.__code__ else None)
+        sys.settrace(lambda f, e, a: local if f.f_code is runtime._free.__code__ else None)
         try:
             stream.close()
         except BaseException as exc:
