@@ -88,6 +88,54 @@ INLINE void store_from_float(aclDataType dtype, char *p, size_t i, vfloat v, int
     memcpy((uint16_t *)p + i, &h, sizeof h);
 }
 
+/* 1 when a lane of a or b is NaN: one unordered comparison covers both vectors. */
+INLINE int any_nan2(vfloat a, vfloat b)
+{
+#if defined(__AVX512F__) && KERNEL_LANES == 16
+    return _mm512_cmp_ps_mask((__m512)a, (__m512)b, _CMP_UNORD_Q) != 0;
+#elif defined(__AVX__) && KERNEL_LANES == 8
+    return _mm256_movemask_ps(_mm256_cmp_ps((__m256)a, (__m256)b, _CMP_UNORD_Q)) != 0;
+#else
+    int32_t lanes[LANES];
+    vint nan = (a != a) | (b != b);
+    memcpy(lanes, &nan, sizeof lanes);
+    int32_t any = 0;
+    for (int i = 0; i < LANES; i++) any |= lanes[i];
+    return any != 0;
+#endif
+}
+
+/* 32-bit lanes whose values are below 2^16, as 16-bit lanes. */
+INLINE vhalf narrow_lanes(vuint v)
+{
+#if defined(__AVX2__) && KERNEL_LANES == 8
+    /* Two 128-bit halves packed (no saturation happens): cheaper than the generic form's mask,
+     * 256-bit pack and lane permutation. */
+    return (vhalf)_mm_packus_epi32(_mm256_castsi256_si128((__m256i)v), _mm256_extracti128_si256((__m256i)v, 1));
+#else
+    return __builtin_convertvector(v, vhalf);
+#endif
+}
+
+/* float_to_halfv / float_to_bf16v for lanes known not to be NaN (the caller checked): the same
+ * bits without the step that makes NaNs canonical. */
+INLINE vhalf narrow_not_nan(aclDataType dtype, vfloat f)
+{
+    if (dtype == ACL_FLOAT16) {
+#if defined(__AVX512F__) && KERNEL_LANES == 16
+        return (vhalf)_mm512_cvtps_ph((__m512)f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#elif defined(__F16C__) && KERNEL_LANES == 8
+        return (vhalf)_mm256_cvtps_ph((__m256)f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#else
+        return float_to_halfv(f);
+#endif
+    }
+    vuint u = (vuint)f;
+    return narrow_lanes((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+INLINE void store_half(char *p, size_t i, vhalf h) { memcpy((uint16_t *)p + i, &h, sizeof h); }
+
 /* -- vectorised loads and stores: strided segments and the tail past the last whole vector
  * go to the scalar loops -- */
 
@@ -167,7 +215,8 @@ INLINE void apply_masks(vfloat a_orig, vfloat b_orig, vfloat limit, vfloat neg_l
 {
     const vfloat one = vsplat(1.0f);
     *gx0 = *gx0 * zero_unless(lanes_less(a_orig, limit), one);
-    *gx1 = *gx1 * zero_unless(lanes_less(neg_limit, b_orig) & lanes_less(b_orig, limit), one);
+    /* -c < x1 < c is |x1| < c (c > 0; NaN fails both), one comparison instead of two */
+    *gx1 = *gx1 * zero_unless(lanes_less((vfloat)((vint)b_orig & 0x7FFFFFFF), limit), one);
 }
 
 /* -- unfused, on float scratch: blocks are processed in whole vectors (scratch is BLOCK
@@ -272,16 +321,17 @@ INLINE void fused_vectors_f32(int clamp_on, int has_weight, const fused_block *b
 
 /* The same for fp16 and bf16, with silu and its derivative from the table: where the clamp
  * lowers x0 to the limit (limit < x0), the pair at the limit; elsewhere x0 itself is the
- * clamped value (NaN included), so its own entry. */
+ * clamped value (NaN included), so its own entry. `accumulate` is b->accumulate, made a
+ * constant of the loop. */
 INLINE void fused_vector_narrow(aclDataType dtype, int clamp_on, int has_weight, int bf16_instructions,
-                                const fused_block *b, size_t at)
+                                int accumulate, const fused_block *b, size_t at)
 {
     vint bits;
     vfloat g = load_as_float(dtype, b->gy, at);
     vfloat a_orig = load_with_bits(dtype, b->x0, at, &bits);
     vfloat b_orig = load_as_float(dtype, b->x1, at), bv = b_orig;
     if (has_weight) {
-        vstore(b->acc + at, product_into(g, load_as_float(dtype, b->yo, at), b->acc + at, b->accumulate));
+        vstore(b->acc + at, product_into(g, load_as_float(dtype, b->yo, at), b->acc + at, accumulate));
         g = g * b->weight;
     }
     vfloat silu, dsilu;
@@ -296,8 +346,14 @@ INLINE void fused_vector_narrow(aclDataType dtype, int clamp_on, int has_weight,
     vfloat gx0 = (g * bv) * dsilu;
     vfloat gx1 = g * silu;
     if (clamp_on) apply_masks(a_orig, b_orig, limit, neg_limit, &gx0, &gx1);
-    store_from_float(dtype, b->gx0, at, gx0, bf16_instructions);
-    store_from_float(dtype, b->gx1, at, gx1, bf16_instructions);
+    if (bf16_instructions || __builtin_expect(any_nan2(gx0, gx1), 0)) {
+        store_from_float(dtype, b->gx0, at, gx0, bf16_instructions);
+        store_from_float(dtype, b->gx1, at, gx1, bf16_instructions);
+        return;
+    }
+    /* No NaN lane (the usual case): nothing to make canonical. */
+    store_half(b->gx0, at, narrow_not_nan(dtype, gx0));
+    store_half(b->gx1, at, narrow_not_nan(dtype, gx1));
 }
 
 INLINE size_t fused_body(aclDataType dtype, int clamp_on, int has_weight, int bf16_instructions,
@@ -307,7 +363,11 @@ INLINE size_t fused_body(aclDataType dtype, int clamp_on, int has_weight, int bf
     const size_t n = b.n / LANES * LANES;
     size_t i = 0;
     if (dtype != ACL_FLOAT) {
-        for (; i < n; i += LANES) fused_vector_narrow(dtype, clamp_on, has_weight, bf16_instructions, &b, i);
+        if (has_weight && b.accumulate) {
+            for (; i < n; i += LANES) fused_vector_narrow(dtype, clamp_on, has_weight, bf16_instructions, 1, &b, i);
+        } else {
+            for (; i < n; i += LANES) fused_vector_narrow(dtype, clamp_on, has_weight, bf16_instructions, 0, &b, i);
+        }
         return n;
     }
     for (; i + UNROLL * LANES <= n; i += UNROLL * LANES) fused_vectors_f32(clamp_on, has_weight, &b, i, UNROLL);
