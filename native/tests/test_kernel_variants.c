@@ -333,7 +333,9 @@ int main(void)
         }
     }
     static const aclDataType dtypes[] = {ACL_FLOAT, ACL_FLOAT16, ACL_BF16};
-    static const int64_t widths[] = {1, 7, 8, 63, 64, 65, 511, 512, 513, 1100};
+    /* 4100: three tiles of a weighted fp16/bf16 row (2032 + 2032 + 36), so the fused loops also
+     * add into the accumulator, and a tail past the last whole vector in each. */
+    static const int64_t widths[] = {1, 7, 8, 15, 16, 17, 24, 63, 64, 65, 511, 512, 513, 1100, 4100};
     for (size_t d = 0; d < 3; d++) {
         for (size_t k = 0; k < sizeof widths / sizeof widths[0]; k++) {
             for (int options = 0; options < 8; options++) {

@@ -215,6 +215,11 @@ typedef struct {
     int64_t tile;          /* columns per tile: the first tile's length with a weight, else H */
     int64_t first_row;
     int64_t end_row;
+    /* Several threads: the next row no thread has taken yet, shared by all of them (atomic), and
+     * how many rows a thread takes at a time; NULL with one thread, which runs
+     * [first_row, end_row). */
+    int64_t *next_row;
+    int64_t chunk;
     row_scratch *scratch;  /* zeroed, so the spare lanes of a short block hold plain numbers */
     const silu_pair *table;   /* the fused loops' silu table (fp16 and bf16), else NULL */
     silu_pair at_limit;       /* silu and its derivative at the clamp limit */
@@ -344,12 +349,23 @@ static void *run_rows(void *arg)
     const row_range *r = arg;
     static const float zeros[BLOCK];
     fp_env saved = fp_env_enter();
-    for (int64_t t = r->first_row; t < r->end_row; t++) {
-        if (t < r->trunc) {
-            compute_row(r, t, r->scratch);
-        } else {
-            zero_row(r, t, zeros);
+    int64_t first = r->first_row, end = r->end_row;
+    for (;;) {
+        if (r->next_row != NULL) {
+            /* Rows in chunks, taken as threads get free: a thread that shares its core with other
+             * work takes fewer. Each row is still computed by exactly one thread. */
+            first = __atomic_fetch_add(r->next_row, r->chunk, __ATOMIC_RELAXED);
+            if (first >= r->end_row) break;
+            end = r->end_row - first < r->chunk ? r->end_row : first + r->chunk;
         }
+        for (int64_t t = first; t < end; t++) {
+            if (t < r->trunc) {
+                compute_row(r, t, r->scratch);
+            } else {
+                zero_row(r, t, zeros);
+            }
+        }
+        if (r->next_row == NULL) break;
     }
     fp_env_leave(saved);
     return NULL;
@@ -411,7 +427,7 @@ int swiglu_kernel_run(const swiglu_kernel_args *args, int threads, swiglu_kernel
     if (threads == 1) {
         /* The common small launch: everything on this thread, nothing to allocate. */
         static __thread row_scratch own_scratch;   /* zero at thread start */
-        row_range range = {args, impl, trunc, tile, 0, args->rows, &own_scratch, silu_table, at_limit};
+        row_range range = {args, impl, trunc, tile, 0, args->rows, NULL, 0, &own_scratch, silu_table, at_limit};
         run_rows(&range);
         return 0;
     }
@@ -422,9 +438,14 @@ int swiglu_kernel_run(const swiglu_kernel_args *args, int threads, swiglu_kernel
         free(scratch);
         return -1;
     }
+    /* About 16 chunks per thread: few atomic operations, and little left for the others to wait
+     * for when one thread is slowed down. */
+    int64_t next_row = 0;
+    int64_t chunk = args->rows / ((int64_t)threads * 16);
+    if (chunk < 1) chunk = 1;
     for (int k = 0; k < threads; k++) {
-        ranges[k] = (row_range){args, impl, trunc, tile, args->rows * k / threads,
-                                args->rows * (k + 1) / threads, &scratch[k], silu_table, at_limit};
+        ranges[k] = (row_range){args, impl, trunc, tile, 0, args->rows, &next_row, chunk, &scratch[k], silu_table,
+                                at_limit};
     }
     work_run_ranges(run_rows, ranges, sizeof *ranges, threads);
     free(ranges);

@@ -17,27 +17,36 @@ INLINE vfloat load_as_float(aclDataType dtype, const char *p, size_t i)
     return dtype == ACL_FLOAT16 ? half_to_floatv(h) : bf16_to_floatv(h);
 }
 
-/* silu and its derivative of LANES 16-bit inputs from their table (swiglu_silu_table.c):
- * `patterns` the inputs in memory, `bits` the same zero-extended in lanes. Both halves of a pair
- * share a cache line, so the second lookup finds the lines the first brought in. */
-INLINE void silu_lookup(const silu_pair *table, const uint16_t *patterns, vint bits, vfloat *silu, vfloat *dsilu)
+#if defined(__AVX2__) && KERNEL_LANES == 8
+/* silu and its derivative of 8 inputs from their table (swiglu_silu_table.c): lanes 0-3 from the
+ * patterns at `first`, lanes 4-7 from those at `second`. Eight 8-byte loads, indexed straight
+ * from memory, beat the gather instructions (which some AVX2 CPUs run in microcode) and moving
+ * the indices out of a vector. Both halves of a pair share a cache line. */
+INLINE void silu_lookup_halves(const silu_pair *table, const uint16_t *first, const uint16_t *second,
+                               vfloat *silu, vfloat *dsilu)
 {
-#if defined(__AVX512F__) && KERNEL_LANES == 16
-    *silu = (vfloat)_mm512_i32gather_ps((__m512i)bits, &table->silu, sizeof *table);
-    *dsilu = (vfloat)_mm512_i32gather_ps((__m512i)bits, &table->dsilu, sizeof *table);
-#elif defined(__AVX2__) && KERNEL_LANES == 8
-    /* Eight 8-byte loads, indexed straight from memory, beat the gather instructions (which
-     * some AVX2 CPUs run in microcode) and moving the indices out of a vector. */
     __m128d p[4];
     for (int k = 0; k < 4; k++) {
-        p[k] = _mm_loadh_pd(_mm_load_sd((const double *)&table[patterns[2 * k]]),
-                            (const double *)&table[patterns[2 * k + 1]]);
+        const uint16_t *patterns = k < 2 ? first + 2 * k : second + 2 * (k - 2);
+        p[k] = _mm_loadh_pd(_mm_load_sd((const double *)&table[patterns[0]]), (const double *)&table[patterns[1]]);
     }
     __m256 low = _mm256_castpd_ps(_mm256_setr_m128d(p[0], p[2]));
     __m256 high = _mm256_castpd_ps(_mm256_setr_m128d(p[1], p[3]));
     /* pairs s0 d0 s1 d1 | s4 d4 s5 d5 and s2 d2 s3 d3 | s6 d6 s7 d7: even and odd floats */
     *silu = (vfloat)_mm256_shuffle_ps(low, high, _MM_SHUFFLE(2, 0, 2, 0));
     *dsilu = (vfloat)_mm256_shuffle_ps(low, high, _MM_SHUFFLE(3, 1, 3, 1));
+}
+#endif
+
+/* silu and its derivative of LANES 16-bit inputs from their table (swiglu_silu_table.c):
+ * `patterns` the inputs in memory, `bits` the same zero-extended in lanes. */
+INLINE void silu_lookup(const silu_pair *table, const uint16_t *patterns, vint bits, vfloat *silu, vfloat *dsilu)
+{
+#if defined(__AVX512F__) && KERNEL_LANES == 16
+    *silu = (vfloat)_mm512_i32gather_ps((__m512i)bits, &table->silu, sizeof *table);
+    *dsilu = (vfloat)_mm512_i32gather_ps((__m512i)bits, &table->dsilu, sizeof *table);
+#elif defined(__AVX2__) && KERNEL_LANES == 8
+    silu_lookup_halves(table, patterns, patterns + 4, silu, dsilu);
 #else
     float s[LANES], d[LANES];
     for (int k = 0; k < LANES; k++) {
@@ -87,6 +96,54 @@ INLINE void store_from_float(aclDataType dtype, char *p, size_t i, vfloat v, int
                                    : float_to_bf16v(v);
     memcpy((uint16_t *)p + i, &h, sizeof h);
 }
+
+/* 1 when a lane of a or b is NaN: one unordered comparison covers both vectors. */
+INLINE int any_nan2(vfloat a, vfloat b)
+{
+#if defined(__AVX512F__) && KERNEL_LANES == 16
+    return _mm512_cmp_ps_mask((__m512)a, (__m512)b, _CMP_UNORD_Q) != 0;
+#elif defined(__AVX__) && KERNEL_LANES == 8
+    return _mm256_movemask_ps(_mm256_cmp_ps((__m256)a, (__m256)b, _CMP_UNORD_Q)) != 0;
+#else
+    int32_t lanes[LANES];
+    vint nan = (a != a) | (b != b);
+    memcpy(lanes, &nan, sizeof lanes);
+    int32_t any = 0;
+    for (int i = 0; i < LANES; i++) any |= lanes[i];
+    return any != 0;
+#endif
+}
+
+/* 32-bit lanes whose values are below 2^16, as 16-bit lanes. */
+INLINE vhalf narrow_lanes(vuint v)
+{
+#if defined(__AVX2__) && KERNEL_LANES == 8
+    /* Two 128-bit halves packed (no saturation happens): cheaper than the generic form's mask,
+     * 256-bit pack and lane permutation. */
+    return (vhalf)_mm_packus_epi32(_mm256_castsi256_si128((__m256i)v), _mm256_extracti128_si256((__m256i)v, 1));
+#else
+    return __builtin_convertvector(v, vhalf);
+#endif
+}
+
+/* float_to_halfv / float_to_bf16v for lanes known not to be NaN (the caller checked): the same
+ * bits without the step that makes NaNs canonical. */
+INLINE vhalf narrow_not_nan(aclDataType dtype, vfloat f)
+{
+    if (dtype == ACL_FLOAT16) {
+#if defined(__AVX512F__) && KERNEL_LANES == 16
+        return (vhalf)_mm512_cvtps_ph((__m512)f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#elif defined(__F16C__) && KERNEL_LANES == 8
+        return (vhalf)_mm256_cvtps_ph((__m256)f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#else
+        return float_to_halfv(f);
+#endif
+    }
+    vuint u = (vuint)f;
+    return narrow_lanes((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+INLINE void store_half(char *p, size_t i, vhalf h) { memcpy((uint16_t *)p + i, &h, sizeof h); }
 
 /* -- vectorised loads and stores: strided segments and the tail past the last whole vector
  * go to the scalar loops -- */
@@ -167,7 +224,8 @@ INLINE void apply_masks(vfloat a_orig, vfloat b_orig, vfloat limit, vfloat neg_l
 {
     const vfloat one = vsplat(1.0f);
     *gx0 = *gx0 * zero_unless(lanes_less(a_orig, limit), one);
-    *gx1 = *gx1 * zero_unless(lanes_less(neg_limit, b_orig) & lanes_less(b_orig, limit), one);
+    /* -c < x1 < c is |x1| < c (c > 0; NaN fails both), one comparison instead of two */
+    *gx1 = *gx1 * zero_unless(lanes_less((vfloat)((vint)b_orig & 0x7FFFFFFF), limit), one);
 }
 
 /* -- unfused, on float scratch: blocks are processed in whole vectors (scratch is BLOCK
@@ -270,46 +328,148 @@ INLINE void fused_vectors_f32(int clamp_on, int has_weight, const fused_block *b
     }
 }
 
-/* The same for fp16 and bf16, with silu and its derivative from the table: where the clamp
- * lowers x0 to the limit (limit < x0), the pair at the limit; elsewhere x0 itself is the
- * clamped value (NaN included), so its own entry. */
-INLINE void fused_vector_narrow(aclDataType dtype, int clamp_on, int has_weight, int bf16_instructions,
-                                const fused_block *b, size_t at)
+/* gradX of one vector of a 16-bit block from gy (weighted), x0, x1 and the table's pair at x0:
+ * where the clamp lowers x0 to the limit (limit < x0), the pair at the limit; elsewhere x0
+ * itself is the clamped value (NaN included), so its own entry. */
+INLINE void narrow_grads(int clamp_on, const fused_block *b, vfloat g, vfloat a_orig, vfloat b_orig, vfloat silu,
+                         vfloat dsilu, vfloat *gx0, vfloat *gx1)
 {
-    vint bits;
-    vfloat g = load_as_float(dtype, b->gy, at);
-    vfloat a_orig = load_with_bits(dtype, b->x0, at, &bits);
-    vfloat b_orig = load_as_float(dtype, b->x1, at), bv = b_orig;
-    if (has_weight) {
-        vstore(b->acc + at, product_into(g, load_as_float(dtype, b->yo, at), b->acc + at, b->accumulate));
-        g = g * b->weight;
-    }
-    vfloat silu, dsilu;
-    silu_lookup(b->table, (const uint16_t *)b->x0 + at, bits, &silu, &dsilu);
     const vfloat limit = vsplat(b->clamp), neg_limit = vsplat(-b->clamp);
+    vfloat bv = b_orig;
     if (clamp_on) {
         lane_mask lowered = lanes_less(limit, a_orig);
         silu = select_lanes(lowered, vsplat(b->at_limit.silu), silu);
         dsilu = select_lanes(lowered, vsplat(b->at_limit.dsilu), dsilu);
         bv = vmin_nan_second(limit, vmax_nan_second(neg_limit, b_orig));
     }
-    vfloat gx0 = (g * bv) * dsilu;
-    vfloat gx1 = g * silu;
-    if (clamp_on) apply_masks(a_orig, b_orig, limit, neg_limit, &gx0, &gx1);
-    store_from_float(dtype, b->gx0, at, gx0, bf16_instructions);
-    store_from_float(dtype, b->gx1, at, gx1, bf16_instructions);
+    *gx0 = (g * bv) * dsilu;
+    *gx1 = g * silu;
+    if (clamp_on) apply_masks(a_orig, b_orig, limit, neg_limit, gx0, gx1);
+}
+
+/* The same for fp16 and bf16, one vector, with silu and its derivative from the table.
+ * `accumulate` is b->accumulate, made a constant of the loop. */
+INLINE void fused_vector_narrow(aclDataType dtype, int clamp_on, int has_weight, int bf16_instructions,
+                                int accumulate, const fused_block *b, size_t at)
+{
+    vint bits;
+    vfloat g = load_as_float(dtype, b->gy, at);
+    vfloat a_orig = load_with_bits(dtype, b->x0, at, &bits);
+    vfloat b_orig = load_as_float(dtype, b->x1, at);
+    if (has_weight) {
+        vstore(b->acc + at, product_into(g, load_as_float(dtype, b->yo, at), b->acc + at, accumulate));
+        g = g * b->weight;
+    }
+    vfloat silu, dsilu, gx0, gx1;
+    silu_lookup(b->table, (const uint16_t *)b->x0 + at, bits, &silu, &dsilu);
+    narrow_grads(clamp_on, b, g, a_orig, b_orig, silu, dsilu, &gx0, &gx1);
+    if (bf16_instructions || __builtin_expect(any_nan2(gx0, gx1), 0)) {
+        store_from_float(dtype, b->gx0, at, gx0, bf16_instructions);
+        store_from_float(dtype, b->gx1, at, gx1, bf16_instructions);
+        return;
+    }
+    /* No NaN lane (the usual case): nothing to make canonical. */
+    store_half(b->gx0, at, narrow_not_nan(dtype, gx0));
+    store_half(b->gx1, at, narrow_not_nan(dtype, gx1));
+}
+
+#if defined(__AVX2__) && KERNEL_LANES == 8
+#define KERNEL_BF16_PAIRS 1
+/* bf16 on AVX2, 16 columns at a time in the order 256-bit interleaving gives: `low` holds
+ * columns 0-3 and 8-11, `high` columns 4-7 and 12-15. Widening is then one interleave with
+ * zeros per vector, and the 256-bit pack of the two results restores the column order, so
+ * neither direction needs a lane permutation. Every lane does the same operations as in
+ * fused_vector_narrow; only gradWeight's accumulator, read in column order by the ReduceSum, is
+ * written by 128-bit halves. */
+INLINE void bf16_pair_load(const char *p, size_t at, vfloat *low, vfloat *high)
+{
+    __m256i h;
+    memcpy(&h, (const uint16_t *)p + at, sizeof h);
+    *low = (vfloat)_mm256_unpacklo_epi16(_mm256_setzero_si256(), h);
+    *high = (vfloat)_mm256_unpackhi_epi16(_mm256_setzero_si256(), h);
+}
+
+/* float_to_bf16v of both, packed back into column order. */
+INLINE void bf16_pair_store(char *p, size_t at, vfloat low, vfloat high)
+{
+    if (__builtin_expect(any_nan2(low, high), 0)) {
+        low = canonical_f32v(low);   /* 0x7FC00000 rounds to the canonical 0x7FC0 */
+        high = canonical_f32v(high);
+    }
+    vuint l = (vuint)low, h = (vuint)high;
+    l = (l + 0x7FFFu + ((l >> 16) & 1u)) >> 16;
+    h = (h + 0x7FFFu + ((h >> 16) & 1u)) >> 16;
+    __m256i packed = _mm256_packus_epi32((__m256i)l, (__m256i)h);   /* below 2^16: no saturation */
+    memcpy((uint16_t *)p + at, &packed, sizeof packed);
+}
+
+/* acc[0..16) in column order from a pair's 128-bit halves: low = acc[0..4) | acc[8..12),
+ * high = acc[4..8) | acc[12..16). */
+INLINE vfloat acc_half_pair(const float *acc, size_t first, size_t second)
+{
+    return (vfloat)_mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(acc + first)), _mm_loadu_ps(acc + second), 1);
+}
+
+INLINE void store_half_pair(float *acc, size_t first, size_t second, vfloat v)
+{
+    _mm_storeu_ps(acc + first, _mm256_castps256_ps128((__m256)v));
+    _mm_storeu_ps(acc + second, _mm256_extractf128_ps((__m256)v, 1));
+}
+
+INLINE void fused_pair_bf16(int clamp_on, int has_weight, int accumulate, const fused_block *b, size_t at)
+{
+    vfloat g[2], a_orig[2], b_orig[2], gx0[2], gx1[2];
+    bf16_pair_load(b->gy, at, &g[0], &g[1]);
+    bf16_pair_load(b->x0, at, &a_orig[0], &a_orig[1]);
+    bf16_pair_load(b->x1, at, &b_orig[0], &b_orig[1]);
+    if (has_weight) {
+        vfloat yo[2];
+        bf16_pair_load(b->yo, at, &yo[0], &yo[1]);
+        float *acc = b->acc + at;
+        for (size_t k = 0; k < 2; k++) {
+            vfloat p = g[k] * yo[k];
+            if (accumulate) p = acc_half_pair(acc, 4 * k, 8 + 4 * k) + p;
+            store_half_pair(acc, 4 * k, 8 + 4 * k, p);
+            g[k] = g[k] * b->weight;
+        }
+    }
+    const uint16_t *x0 = (const uint16_t *)b->x0 + at;
+    for (size_t k = 0; k < 2; k++) {
+        vfloat silu, dsilu;
+        silu_lookup_halves(b->table, x0 + 4 * k, x0 + 8 + 4 * k, &silu, &dsilu);
+        narrow_grads(clamp_on, b, g[k], a_orig[k], b_orig[k], silu, dsilu, &gx0[k], &gx1[k]);
+    }
+    bf16_pair_store(b->gx0, at, gx0[0], gx0[1]);
+    bf16_pair_store(b->gx1, at, gx1[0], gx1[1]);
+}
+#else
+#define KERNEL_BF16_PAIRS 0
+INLINE void fused_pair_bf16(int clamp_on, int has_weight, int accumulate, const fused_block *b, size_t at) {}
+#endif
+
+/* A 16-bit block's whole vectors, with `accumulate` a constant; returns how many it did. */
+INLINE size_t fused_narrow_loop(aclDataType dtype, int clamp_on, int has_weight, int bf16_instructions,
+                                int accumulate, const fused_block *b)
+{
+    const size_t n = b->n / LANES * LANES;
+    size_t i = 0;
+    if (KERNEL_BF16_PAIRS && dtype == ACL_BF16 && !bf16_instructions) {
+        for (; i + 2 * LANES <= n; i += 2 * LANES) fused_pair_bf16(clamp_on, has_weight, accumulate, b, i);
+    }
+    for (; i < n; i += LANES) fused_vector_narrow(dtype, clamp_on, has_weight, bf16_instructions, accumulate, b, i);
+    return n;
 }
 
 INLINE size_t fused_body(aclDataType dtype, int clamp_on, int has_weight, int bf16_instructions,
                          const fused_block *block)
 {
     const fused_block b = *block;   /* a local copy: the stores cannot change its fields */
+    if (dtype != ACL_FLOAT) {
+        return has_weight && b.accumulate ? fused_narrow_loop(dtype, clamp_on, has_weight, bf16_instructions, 1, &b)
+                                          : fused_narrow_loop(dtype, clamp_on, has_weight, bf16_instructions, 0, &b);
+    }
     const size_t n = b.n / LANES * LANES;
     size_t i = 0;
-    if (dtype != ACL_FLOAT) {
-        for (; i < n; i += LANES) fused_vector_narrow(dtype, clamp_on, has_weight, bf16_instructions, &b, i);
-        return n;
-    }
     for (; i + UNROLL * LANES <= n; i += UNROLL * LANES) fused_vectors_f32(clamp_on, has_weight, &b, i, UNROLL);
     for (; i < n; i += LANES) fused_vectors_f32(clamp_on, has_weight, &b, i, 1);
     return n;
