@@ -78,8 +78,7 @@ class StreamLife(Life):
     @property
     def destroyed(self) -> bool:
         """An owned stream the package destroyed (aclrtDestroyStream runs its queued work first)."""
-        handle = self.handle
-        return self.owned and (handle is None or not ctypes.cast(handle, ctypes.c_void_p).value)
+        return self.owned and not self.handle   # (a ctypes pointer is false when NULL)
 
     def busy(self) -> bool:
         return bool(self.lock._is_owned())

@@ -188,7 +188,7 @@ def release_due() -> None:
 def _free(life: Life) -> None:
     """Frees the handle, on its device, once the streams that used it are past that work."""
     destroy, handle = life.destroy, life.handle
-    if destroy is None or handle is None or not ctypes.cast(handle, ctypes.c_void_p).value:
+    if destroy is None or not handle:   # (None, or a ctypes pointer made NULL by its free)
         return
     api = runtime_api()
     here = _runtime.local.device
