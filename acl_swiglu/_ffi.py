@@ -105,11 +105,13 @@ DECLARATIONS = (
     D("meta", "aclSetRawTensorAddr", aclnnStatus, (aclTensor_p, c_void_p), STATUS),
 )
 
-# The package's helper (binding/): the one-crossing launch of a bound executor, a one-shot
-# call's whole device side, and a free that clears the package's copy of the handle. Each
-# operator's phase-1 thunk is a helper row of its own description.
+# The package's helper (binding/): the one-crossing launch of a bound executor (and the making of
+# it repeatable, recorded where the launch reads it), a one-shot call's whole device side, and a
+# free that clears the package's copy of the handle. Each operator's phase-1 thunk is a helper
+# row of its own description.
 HELPER_DECLARATIONS = (
     D("helper", "acl_swiglu_launch", c_int64, (c_void_p, c_int32), PLAIN, fast=True),
+    D("helper", "acl_swiglu_make_repeatable", c_int32, (c_void_p, c_void_p), PLAIN, fast=True),
     D("helper", "acl_swiglu_destroy", c_int32, (c_void_p, c_void_p), PLAIN, fast=True),
     D("helper", "acl_swiglu_one_shot", c_int32, (c_void_p, c_void_p, c_char_p, c_void_p, POINTER(c_uint64)), PLAIN,
       fast=True),
@@ -121,14 +123,12 @@ class HelperLaunch(ctypes.Structure):
     """binding/launch.c's helper_launch: what acl_swiglu_launch calls."""
 
     _fields_ = [("phase2", c_void_p), ("synchronize", c_void_p), ("workspace", c_void_p),
-                ("workspace_size", c_uint64), ("executor", c_void_p), ("stream", c_void_p)]
+                ("workspace_size", c_uint64), ("executor", c_void_p), ("stream", c_void_p),
+                ("repeatable", c_int64)]
 
 
 # What acl_swiglu_launch's result says in its upper 32 bits (the lower 32: the failed call's status).
 LAUNCH_PHASE2_FAILED = 1   # (2: the synchronisation failed)
-# Its flags: wait for the stream after phase 2; phase 2 hands a single-use executor to CANN (the
-# helper clears HelperLaunch.executor in the same call).
-LAUNCH_SYNCHRONIZE, LAUNCH_HANDS_OVER = 1, 2
 
 
 class OneShotApi(ctypes.Structure):

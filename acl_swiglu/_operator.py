@@ -314,18 +314,14 @@ class Binding(Owned):
         self._tensors = tensors
         try:
             api = operator.api()
-
-            def close_tensors() -> None:
-                for tensor in tensors.values():
-                    tensor.close()   # (they must outlive the executor)
-
             # The handle lives in the launch's argument, where a launch that hands it to CANN
             # clears it (and a NULL handle is never destroyed).
-            launch_args = _ffi.HelperLaunch()
+            launch_args = self._launch_args = _ffi.HelperLaunch()
+            self._launch_argument = ctypes.byref(launch_args)
             handle = _ffi.aclOpExecutor_p.from_buffer(launch_args, _ffi.HelperLaunch.executor.offset)
-            self._prepare(api.raw.aclDestroyAclOpExecutor, handle, current_device()).then = close_tensors
+            life = self._prepare(api.raw.aclDestroyAclOpExecutor, handle, current_device())
             for name, array in arrays.items():
-                tensors[name] = AclTensor(array, views.get(name))
+                tensors[name] = AclTensor(array, views.get(name), after=life)   # (freed after the executor)
             lists: Dict[str, AclIntArray] = {}
             try:
                 for name, values in host_values.items():
@@ -339,7 +335,7 @@ class Binding(Owned):
             operator.check_status(api, status, operator.description.phase1)
             self._workspace_size = int(size.value)
             if repeatable:
-                api.aclSetAclOpExecutorRepeatable(handle)
+                self._make_repeatable(api)
             self._host_values = {name: tuple(int(v) for v in values) for name, values in host_values.items()}
             # (the addresses the tensors were made with)
             self._addresses: Dict[str, Optional[int]] = {name: array._address for name, array in arrays.items()}
@@ -353,14 +349,25 @@ class Binding(Owned):
             launch_args.phase2 = _ffi.c_address(api, d.phase2, d.phase1)
             launch_args.synchronize = _ffi.c_address(api, "aclrtSynchronizeStream")
             launch_args.workspace_size = self._workspace_size
-            self._launch_args = launch_args
-            self._launch_argument = ctypes.byref(launch_args)
             self._launch_call = api.hot.acl_swiglu_launch
         except BaseException:
             self.close()   # (the executor, if phase 1 made one, then its tensors)
-            for tensor in tensors.values():
-                tensor.close()
             raise
+
+    def _make_repeatable(self, api: SimpleNamespace) -> None:
+        """aclSetAclOpExecutorRepeatable through the helper, which records it in the launch's
+        argument in the same call: a launch hands the executor to CANN unless that is set."""
+        status = api.hot.acl_swiglu_make_repeatable(
+            self._launch_argument, ctypes.c_void_p(_ffi.c_address(api, "aclSetAclOpExecutorRepeatable")))
+        if status:
+            self._operator.check_status(api, status, "aclSetAclOpExecutorRepeatable")
+
+    def close(self) -> None:
+        """Closes the executor and its tensors: freed once nothing uses them, the executor first.
+        Closing again finishes a close an exception cut short."""
+        super().close()
+        for tensor in self._tensors.values():
+            tensor.close()
 
     @property
     def workspace_size(self) -> int:
@@ -410,7 +417,6 @@ class Executor(Binding):
     def __init__(self, operator: Operator, signature: Signature, arrays: Dict[str, DeviceArray],
                  host_values: Mapping[str, np.ndarray], scalars: Sequence[Any],
                  views: Mapping[str, TensorView]) -> None:
-        self._repeatable = False
         self._launches = 0
         self._launching: Any = threading.RLock()   # (_launch_args is one per executor; _is_owned() tells a re-entry)
         self._arrays = dict(arrays)
@@ -429,7 +435,7 @@ class Executor(Binding):
     @property
     def repeatable(self) -> bool:
         """True once make_repeatable() was called: launches do not consume it."""
-        return self._repeatable
+        return bool(self._launch_args.repeatable)
 
     @property
     def launches(self) -> int:
@@ -438,12 +444,17 @@ class Executor(Binding):
 
     def make_repeatable(self) -> None:
         """aclSetAclOpExecutorRepeatable: keep the executor for many launches."""
-        api = runtime_api()   # (first: in a forked child it refuses, before any lock is taken)
+        api = self._operator.api()   # (first: in a forked child it refuses, before any lock is taken)
         self._refuse_inside_a_launch()
-        with self._launching:
-            self.check_open()
-            api.aclSetAclOpExecutorRepeatable(self)
-            self._repeatable = True
+        use = Use((self._life,))   # (no close() frees it meanwhile)
+        try:
+            with self._launching:
+                if not use.take():
+                    self.check_open(_CONSUMED)
+                self._finish_hand_over()
+                self._make_repeatable(api)
+        finally:
+            use.let_go()
 
     def _refuse_inside_a_launch(self) -> None:
         if self._launching._is_owned():
@@ -468,13 +479,11 @@ class Executor(Binding):
 
     def _launch(self, stream: Stream, workspace: Optional[DeviceBuffer], use: Use) -> None:
         epoch = state.epoch
-        if not self._launch_args.executor:   # (handed to CANN by a launch whose tidying an exception cut short)
-            self._handed_over()
         if not use.take():
-            self.check_open("this repeatable Executor" if self.repeatable else
-                            "this Executor (a single-use executor is consumed by its launch, or by close())")
+            self.check_open("this repeatable Executor" if self.repeatable else _CONSUMED)
             stream.check_open("stream")
             check_open(self._arrays)
+        self._finish_hand_over()
         size = self.workspace_size
         if workspace is not None:
             if not use.add(workspace._life):
@@ -486,11 +495,10 @@ class Executor(Binding):
             address = stream.take_workspace(size, use) if size else None
         order_launch(self._inputs, self._outputs, stream._life)
         self._launch_args.workspace, self._launch_args.stream = address, stream._address.value
-        hands_over = 0 if self._repeatable else _ffi.LAUNCH_HANDS_OVER
         try:
-            result = self._launch_call(self._launch_argument, hands_over)
+            result = self._launch_call(self._launch_argument, 0)
         finally:
-            if hands_over and not self._launch_args.executor:
+            if not self._launch_args.executor:
                 self._handed_over()   # (CANN has it, failed or not: never destroy it ourselves)
         self._launches += 1
         if result:
@@ -498,6 +506,13 @@ class Executor(Binding):
         record_launch(self._inputs, self._outputs, stream._life)
         if state.epoch != epoch:
             check_open(self._arrays)   # closed by another thread during the launch: it must not succeed
+
+    def _finish_hand_over(self) -> None:
+        """Held (so not being destroyed), a NULL handle is one a launch handed to CANN: finishes
+        the tidying an exception cut short, and refuses."""
+        if not self._launch_args.executor:
+            self._handed_over()
+            self.check_open(_CONSUMED)
 
     def _handed_over(self) -> None:
         self._disown()
@@ -509,3 +524,6 @@ class Executor(Binding):
         """Destroys the executor (then its tensors) once nothing uses it, and lets go of its arrays."""
         self._hold.let_go()
         super().close()
+
+
+_CONSUMED = "this Executor (a single-use executor is consumed by its launch, or by close())"

@@ -5,13 +5,14 @@ every native handle the package owns (a ``Life``, held by ``Use``s; docs/concurr
 from __future__ import annotations
 
 import atexit
+from collections import deque
 import ctypes
 from contextlib import nullcontext, suppress
 import os
 import threading
 import weakref
 from types import SimpleNamespace
-from typing import Any, Callable, Dict, Iterable, List, NoReturn, Optional, Set, Tuple, TypeVar
+from typing import Any, Callable, Deque, Dict, Iterable, List, NoReturn, Optional, Set, Tuple, TypeVar
 
 from . import _ffi
 from ._checks import INT32_MAX, whole_number
@@ -36,7 +37,7 @@ class _State:
         # The weak references (keys of _runtime.owned) of owners that were garbage-collected,
         # appended by the reference's callback itself (a C-level append: a collection an
         # exception interrupts has either recorded its owner or not run).
-        self.collected: "List[weakref.ReferenceType[Any]]" = []
+        self.collected: "Deque[weakref.ReferenceType[Any]]" = deque()
 
 
 state = _State()
@@ -51,6 +52,7 @@ class OwnerReference(weakref.ref):  # type: ignore[type-arg]
     __eq__ = object.__eq__
     __ne__ = object.__ne__
 
+
 # Frees a native handle: a C function (a ctypes function object) that takes the handle and
 # returns its status (non-zero: the free failed).
 Destroy = Any
@@ -63,7 +65,7 @@ class Life:
     ``handle`` (a ctypes pointer) is set by the very statement that makes the handle, and made NULL
     by the very call that frees it (runtime._free): an exception between leaves it owned."""
 
-    __slots__ = ("handle", "destroy", "device", "holders", "streams", "closed", "then", "__weakref__")
+    __slots__ = ("handle", "destroy", "device", "holders", "streams", "closed", "after", "__weakref__")
     lock: Any = _NO_LOCK   # held while the handle is freed (a stream's: no wait on it runs meanwhile)
 
     def __init__(self, destroy: Optional[Destroy] = None, handle: Any = None, device: Optional[int] = None) -> None:
@@ -73,7 +75,7 @@ class Life:
         self.holders: Set[Use] = set()   # the Uses that may hold it (those still active do)
         self.streams: Optional[Set[Life]] = None   # lives of streams whose queued work may use it
         self.closed = False
-        self.then: Optional[Callable[[], None]] = None   # run once the handle is freed
+        self.after: Optional[Life] = None   # a life this one is freed after (an executor, for its tensors)
 
     def wait(self) -> None:
         """Streams override this: wait for the work queued on them."""
@@ -122,25 +124,26 @@ def _next_due() -> Optional[Life]:
     it out once it has it: an exception in between leaves it due)."""
     exiting = _runtime.exiting
     for life in state.due:
-        if life.closed and (exiting or not _held(life)):
+        first = life.after
+        if life.closed and (exiting or not _held(life)) and (first is None or first.destroy is None or not first.handle):
             return life
     return None
 
 
 def _take_collected() -> None:
-    """Closes the lives of collected owners, newest first. Each step can be made again, so a pass
-    an exception cut short, or one that code run inside it (a signal handler) made meanwhile, is
+    """Closes the lives of collected owners, in order. Each step can be made again, so a pass an
+    exception cut short, or one that code run inside it (a signal handler) made meanwhile, is
     finished by the next."""
     collected, owned = state.collected, _runtime.owned
     with state.lock:
         while collected:
-            reference = collected[-1]
+            reference = collected[0]
             life = owned.get(reference)
             if life is not None:   # (None: closed, or handed over, before its owner went)
                 _mark_closed(life)
                 owned.pop(reference, None)
             with suppress(ValueError):   # (gone already if code run meanwhile took it)
-                collected.remove(reference)   # (one C step; by identity)
+                collected.remove(reference)   # (one C step, by identity: at the front unless taken)
 
 
 def _mark_closed(life: Life) -> None:
@@ -202,14 +205,11 @@ def _free(life: Life) -> None:
         with life.lock:
             # One helper call frees the handle and clears it where the life keeps it: an exception
             # before the call leaves it to be freed, one after finds it gone. (A failed destroy
-            # leaves it there, never tried again: the life is no longer due.)
+            # leaves it there: a stream's work is then still to wait for.)
             status = api.hot.acl_swiglu_destroy(ctypes.cast(destroy, ctypes.c_void_p), ctypes.byref(handle))
+        life.destroy = None   # (tried: never again; the lives freed after it go)
         if status:   # (cannot be acted on: its text must not show up in the thread's next error)
             _ffi.drop_message(api.get_message)
-        then = life.then
-        if then is not None:
-            life.then = None   # (what it refers to goes with it)
-            then()
     finally:
         if elsewhere:
             api.aclrtSetDevice(here)
@@ -375,8 +375,8 @@ class _Runtime:
     # -- ownership --
 
     def adopt(self, obj: object, life: Life) -> "weakref.ReferenceType[Any]":
-        """Registers `life` to be closed once: at close(), when `obj` is collected, or at exit
-        (newest first). Returns the reference to give disown()."""
+        """Registers `life` to be closed once: at close(), when `obj` is collected, or at exit.
+        Returns the reference to give disown()."""
         reference = OwnerReference(obj, state.collected.append)
         with state.lock:
             self.owned[reference] = life
@@ -387,7 +387,8 @@ class _Runtime:
             self.owned.pop(reference, None)
 
     def shutdown(self) -> None:
-        """At exit: frees what is still owned (newest first), then finalises what we initialised."""
+        """At exit: frees what is still owned (each life after the one it must outlive), then
+        finalises what we initialised."""
         if self.pid != os.getpid():
             return   # a forked child must not touch the parent's device state
         if self.usable():
@@ -396,7 +397,7 @@ class _Runtime:
                 release_due()
         with state.lock:
             self.exiting = True   # (what is still held is freed all the same: nothing runs after this)
-            state.collected.extend(reversed(self.owned))   # (as if every owner was collected, newest first)
+            state.collected.extend(self.owned)   # (as if every owner was collected)
         with suppress(Exception):
             release_due()   # (also what was closed while held)
         with state.lock:
@@ -445,7 +446,7 @@ def _after_fork_in_child() -> None:
     state.lock = threading.RLock()
     state.due = set()   # (the parent's handles are not this process's to free)
     state.waited = set()
-    del state.collected[:]
+    state.collected.clear()
     _runtime.after_fork_in_child()
     _ffi._reset_after_fork()
     for hook in _fork_hooks:
@@ -573,7 +574,7 @@ class Owned(Uncopyable):
         """Forgets the handle without freeing it: its owner is now someone else (e.g. CANN)."""
         life = self._life
         with state.lock:
-            life.destroy = life.then = None
+            life.destroy = None
             life.closed = True
             state.epoch += 1
         self._forget()

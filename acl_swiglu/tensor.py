@@ -9,7 +9,7 @@ import numpy as np
 
 from ._device import DeviceArray, elements_spanned, open_address
 from ._dtypes import ACL_FORMAT_ND, acl_dtype
-from .runtime import Owned, runtime_api
+from .runtime import Life, Owned, runtime_api
 
 
 class TensorView(NamedTuple):
@@ -42,7 +42,7 @@ class AclTensor(Owned):
 
     _kind = "AclTensor"
 
-    def __init__(self, array: DeviceArray, view: Optional[TensorView] = None):
+    def __init__(self, array: DeviceArray, view: Optional[TensorView] = None, after: Optional[Life] = None):
         super().__init__()
         api = runtime_api()
         data = open_address(array) or None
@@ -58,6 +58,7 @@ class AclTensor(Owned):
         storage = (ctypes.c_int64 * 1)(storage_numel * k)
         dtype = acl_dtype(layout_dtype) if view is None else view.dtype
         life = self._prepare(api.raw.aclDestroyTensor)
+        life.after = after   # (an executor made over it is freed first)
         life.handle = api.aclCreateTensor(dims, ndim, dtype, strides, offset, ACL_FORMAT_ND, storage, 1, data)
         self.address = ctypes.cast(life.handle, ctypes.c_void_p)   # for unprototyped calls
 

@@ -6,6 +6,9 @@ else is tested through the public API in the other modules."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import weakref
 
 import numpy as np
@@ -222,3 +225,55 @@ def test_a_workspace_taken_as_the_stream_closes_is_freed_with_its_use():
         use.let_go()
     acl_swiglu.release_cached()
     assert emulator.live_counts() == before
+
+
+EXIT_ORDER = r"""
+import atexit, ctypes, os, sys
+order = []
+
+
+def report():   # (registered first: runs after the package's own exit, which frees what is left)
+    violations = sum(1 for executor, tensors in pairs
+                     if any(order.index(t) < order.index(executor) for t in tensors if t in order))
+    print("destroyed", len(order), "violations", violations, "pairs", len(pairs), flush=True)
+
+
+atexit.register(report)
+import numpy as np
+import acl_swiglu
+from acl_swiglu import _ffi
+api = _ffi.api()
+prototype = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p)
+for name in ("aclDestroyAclOpExecutor", "aclDestroyTensor"):
+    original = getattr(api.raw, name)
+
+    def spy(address, original=original):
+        order.append(address)
+        return original(ctypes.cast(address, original.argtypes[0]))
+
+    setattr(api.raw, name, prototype(spy))
+gy = np.linspace(-1, 1, 4 * 16, dtype=np.float32).reshape(4, 16)
+x = np.linspace(-3, 3, 4 * 32, dtype=np.float32).reshape(4, 32)
+d_gy, d_x = acl_swiglu.to_device(gy), acl_swiglu.to_device(x)
+plans = [acl_swiglu.SwigluGroupQuantGradPlan(d_gy, d_x) for _ in range(40)]
+pairs = [(p._binding._launch_args.executor, [ctypes.cast(t._life.handle, ctypes.c_void_p).value
+                                             for t in p._binding._tensors.values()]) for p in plans]
+for plan in plans:
+    plan()
+for plan in plans[:20]:
+    plan.close()   # (the others are freed at exit)
+"""
+
+
+def test_an_executor_is_destroyed_before_its_tensors_at_close_and_at_exit(tmp_path):
+    """Its tensors must outlive the executor made over them: closed together, or freed together at
+    exit, the executor goes first."""
+    script = tmp_path / "exit_order.py"
+    script.write_text(EXIT_ORDER)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "ACL_SWIGLU_BACKEND": "emulator"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    words = proc.stdout.split()
+    assert words[0] == "destroyed" and int(words[1]) >= 40 * 3, proc.stdout
+    assert words[2:4] == ["violations", "0"] and words[4:] == ["pairs", "40"], proc.stdout

@@ -397,6 +397,8 @@ TARGETS: Dict[str, Tuple[Callable[..., Any], List[Operation]]] = {
     "_operator.Executor.make_repeatable": (_operator.Executor.make_repeatable, [Phases(repeatable=True)]),
     "_operator.Executor._refuse_inside_a_launch": (_operator.Executor._refuse_inside_a_launch,
                                                    [Phases(), Phases(repeatable=True)]),
+    "_operator.Executor._finish_hand_over": (_operator.Executor._finish_hand_over, [Phases()]),
+    "_operator.Binding._make_repeatable": (_operator.Binding._make_repeatable, [Phases(repeatable=True), PlanBuild()]),
     "_operator.Binding.__init__": (_operator.Binding.__init__, [Phases(), PlanBuild(), PlanBuild(abi=1), DeviceCall(),
                                                                 PlanCall(abi=1, rebind=True)]),
     "_operator.Binding._rebind": (_operator.Binding._rebind, [PlanCall(rebind=True)]),
@@ -442,6 +444,7 @@ RELEASES: Dict[str, Tuple[Callable[..., Any], List[Operation]]] = {
     "runtime._next_due": (runtime._next_due, [Copies(), PlanBuild()]),
     "_device.DeviceArray.close": (_device.DeviceArray.close, [Copies()]),
     "_operator.Executor.close": (_operator.Executor.close, [Phases(repeatable=True)]),
+    "_operator.Binding.close": (_operator.Binding.close, [Phases(repeatable=True), PlanClose()]),
     "_plan.Plan.close": (_plan.Plan.close, [PlanClose(), PlanBuild()]),
     "_aclnn.release_cached": (_aclnn.release_cached, [ReleaseCached()]),
 }
