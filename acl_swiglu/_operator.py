@@ -515,10 +515,8 @@ class Executor(Binding):
             self.check_open(_CONSUMED)
 
     def _handed_over(self) -> None:
-        self._disown()
-        for tensor in self._tensors.values():
-            tensor.close()   # (a queued launch keeps what it needs of them)
-        self._hold.let_go()   # (the launch's own hold recorded the stream on the arrays)
+        self._disown()   # (CANN's now: the close below frees only its tensors, which a queued launch no longer needs)
+        self.close()
 
     def close(self) -> None:
         """Destroys the executor (then its tensors) once nothing uses it, and lets go of its arrays."""

@@ -180,7 +180,7 @@ def release_due() -> None:
                 break   # (not return: CPython runs a return's finally outside the try's reach)
             _free(life)
     except BaseException:
-        if life is not None and life.handle is not None:
+        if life is not None and life.handle:   # (not freed yet: due again)
             with state.lock:
                 state.due.add(life)
         raise
