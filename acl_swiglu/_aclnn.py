@@ -43,8 +43,6 @@ def register(description: OperatorDescription) -> Operator:
 
 _thread_state = threading.local()
 _thread_streams: "weakref.WeakSet[Stream]" = weakref.WeakSet()   # (under state.lock)
-# Per operator: the API its helper table was made from, the table and a byref of it.
-_helper_apis: Dict[Operator, Tuple[Any, _ffi.OneShotApi, Any]] = {}
 _KEPT = 256
 
 
@@ -62,15 +60,15 @@ def thread_stream() -> Stream:
     on each other). It and its workspace go when the thread ends, or at release_cached()."""
     free_collected()   # e.g. the streams of threads that ended
     device = current_device()
-    streams: Optional[Dict[int, Stream]] = getattr(_thread_state, "streams", None)
+    streams: Optional[Dict[Optional[int], Stream]] = getattr(_thread_state, "streams", None)
     if streams is None:
         streams = _thread_state.streams = {}
     stream = streams.get(device)
     if stream is None or stream._life.closed:
-        stream = Stream()
+        stream = Stream()   # (a set_device() on this thread meanwhile makes it on the new device)
         with state.lock:
             _thread_streams.add(stream)   # (listed before it is kept: release_cached() sees every kept one)
-        streams[device] = stream
+        streams[stream._device] = stream   # (kept by the device it is on, not the one looked up)
     return stream
 
 
@@ -102,10 +100,9 @@ addressof, from_buffer, BYTES = ctypes.addressof, ctypes.c_char.from_buffer, np.
 _Report = ctypes.c_uint64 * 4   # the helper's report: [step, index, workspace size, releases that failed]
 
 
-def _one_shot_layout(operator: Operator, signature: Signature, values: List[Any],
-                     key: Optional[Tuple[Any, ...]]) -> ArenaLayout:
-    """Validates a layout of arguments and places its arena (kept by `key`, unless None). An
-    array in non-native byte order is converted in `values`, here and on each call of the layout."""
+def _one_shot_layout(operator: Operator, signature: Signature, values: List[Any]) -> ArenaLayout:
+    """Validates a layout of arguments and places its arena. An array in non-native byte order
+    is converted in `values`, here and on each call of the layout."""
     names = operator.argument_names
     converted = tuple(index for index, value in enumerate(values)
                       if type(value) is np.ndarray and not value.dtype.isnative)
@@ -113,15 +110,9 @@ def _one_shot_layout(operator: Operator, signature: Signature, values: List[Any]
         values[index] = plain_array(values[index], names[index])
     description = operator.description
     problem = description.validate(dict(zip(names, values)), signature.revision, False)
-    layout = arena_layout(operator, signature, values, problem,
-                          signature.scalar_struct.pack(*description.scalars(problem, signature.revision)), converted,
-                          problem.outputs, views_of(problem), preset_outputs(problem))
-    if key is not None:
-        with state.lock:
-            if len(operator.one_shots) >= _KEPT:
-                operator.one_shots.clear()
-            operator.one_shots[key] = layout
-    return layout
+    return arena_layout(operator, signature, values, problem,
+                        signature.scalar_struct.pack(*description.scalars(problem, signature.revision)), converted,
+                        problem.outputs, views_of(problem), preset_outputs(problem))
 
 
 def one_shot(operator: Operator, given: Dict[str, Any]) -> List[Optional[np.ndarray]]:
@@ -132,13 +123,10 @@ def one_shot(operator: Operator, given: Dict[str, Any]) -> List[Optional[np.ndar
     signature = operator.signature()
     names = operator.argument_names
     values: List[Any] = list(map(given.get, names))
-    key = layout_key(signature.abi, values, names)
-    layout = operator.one_shots.get(key) if key is not None else None
-    if layout is None:
-        layout = _one_shot_layout(operator, signature, values, key)
-    else:
-        for index in layout.converted:
-            values[index] = plain_array(values[index], names[index])
+    layout: ArenaLayout = remembered(operator.one_shots, layout_key(signature.abi, values, names), _KEPT,
+                                     lambda: _one_shot_layout(operator, signature, values))
+    for index in layout.converted:   # (again on the call that made the layout: converted already, unchanged)
+        values[index] = plain_array(values[index], names[index])
     operator.description.guard(layout.problem, given, signature.revision)
     try:
         results = list(map(np.empty, layout.shapes, layout.dtypes))
@@ -163,12 +151,7 @@ def one_shot(operator: Operator, given: Dict[str, Any]) -> List[Optional[np.ndar
             hosts.append(host_list)
             addresses += (int(host_list.ctypes.data), host_list.size)
     api = operator.api()
-    helper = _helper_apis.get(operator)
-    if helper is None or helper[0] is not api:
-        d = operator.description
-        table = _ffi.one_shot_api(api, d.thunk, d.phase1, d.phase2)
-        with state.lock:
-            helper = _helper_apis[operator] = (api, table, ctypes.byref(table))
+    table = operator.one_shot_table
     words = layout.pack(layout.workspace[0], *addresses)
     report = _Report()
     while True:
@@ -176,8 +159,7 @@ def one_shot(operator: Operator, given: Dict[str, Any]) -> List[Optional[np.ndar
         life = stream._life
         with life.lock:   # (a release_cached() from another thread destroys the stream only after this call)
             if not life.closed:
-                status = api.hot.acl_swiglu_one_shot(helper[2], layout.reference, words, stream._address,
-                                                     report)
+                status = api.hot.acl_swiglu_one_shot(table[1], layout.reference, words, stream._address, report)
                 break
     if report[2] > layout.workspace[0]:
         layout.workspace[0] = report[2]   # (the next call's arena holds it)
@@ -207,7 +189,6 @@ class _DeviceLayout(NamedTuple):
     # Outputs of no elements not given (placeholders an operator requires): one each, with no
     # memory, shared by every call of the layout.
     placeholders: Mapping[str, DeviceArray]
-    output_names: Tuple[str, ...]   # the operator's outputs, in its order
     arrays_of: Callable[[Sequence[Any]], Tuple[Any, ...]]   # picks a call's device arrays from its values
     others_of: Callable[[Sequence[Any]], Tuple[Any, ...]]   # picks its other values
 
@@ -229,7 +210,7 @@ def _device_layout(operator: Operator, signature: Signature, values: Sequence[An
                              tuple(name for name in given if name not in signature.output_names),
                              tuple(name for name in signature.output_names
                                    if name in problem.outputs and name not in placeholders), key,
-                             tuple(preset_outputs(problem)), placeholders, signature.output_names, picker(at),
+                             tuple(preset_outputs(problem)), placeholders, picker(at),
                              picker([i for i in range(len(values)) if i not in at]))
 
     entry: _DeviceLayout = remembered(operator.device_layouts, key, _KEPT, make)
@@ -259,8 +240,11 @@ def device_call(operator: Operator, given: Dict[str, Any], stream: Optional[Stre
         if kept is not None:
             operator.description.guard(kept.layout.problem, given, signature.revision)
             _launch(operator, kept, given, stream, start)
-            outputs = signature.outputs_of(values)
-            return kept.fill(outputs) if kept.layout.placeholders else outputs
+            outputs, placeholders = signature.outputs_of(values), kept.layout.placeholders
+            if placeholders:   # (the layout's own, for outputs of no elements not given)
+                outputs = tuple(placeholders.get(name) if array is None else array
+                                for name, array in zip(signature.output_names, outputs))
+            return outputs
     finally:
         if kept is not None:
             _put_back(operator, kept, generation)
@@ -367,12 +351,6 @@ class _Kept:
             return False
         others = layout.others_of(values)
         return same and all(map(is_, map(type, others), was.types)) and others == was.values
-
-    def fill(self, outputs: Tuple[Optional[DeviceArray], ...]) -> Tuple[Optional[DeviceArray], ...]:
-        """A repeat's outputs (those given, in the operator's order) with the layout's placeholders
-        where none was given."""
-        names, placeholders = self.layout.output_names, self.layout.placeholders
-        return tuple(placeholders.get(name) if array is None else array for name, array in zip(names, outputs))
 
     def close(self) -> None:
         self._let_go.detach()

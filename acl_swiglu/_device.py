@@ -116,7 +116,7 @@ class Stream(Owned):
 
     def __init__(self) -> None:
         super().__init__()
-        self._pools: Dict[int, DeviceBuffer] = {}   # pooled workspace, by device
+        self._pools: Dict[Optional[int], DeviceBuffer] = {}   # pooled workspace, by the device it is on
         api = runtime_api()
         self._device: Optional[int] = current_device()
         handle = _ffi.aclrtStream_p()
@@ -182,11 +182,12 @@ class Stream(Owned):
             if pooled is not None and pooled.nbytes >= nbytes and use.hold_also(pooled._life):
                 return int(pooled._life.handle.value)   # (held: freed only after this use)
         fresh = DeviceBuffer(nbytes)   # (not under the lock: an allocation may run a finalizer)
+        made_on = fresh._life.device   # (a set_device() on this thread meanwhile: the new device, not `device`)
         with state.lock:
             use.hold_also(fresh._life)
             spare: Optional[DeviceBuffer] = fresh   # (a closed stream pools nothing: it goes with `use`)
             if not self._life.closed:
-                spare, self._pools[device] = self._pools.get(device), fresh
+                spare, self._pools[made_on] = self._pools.get(made_on), fresh
         if spare is not None:
             spare.close()   # freed once the work queued with it is done
         return int(fresh._life.handle.value)

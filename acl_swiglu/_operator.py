@@ -24,7 +24,7 @@ from ._checks import plain_array
 from ._device import (DeviceArray, DeviceBuffer, Stream, closed_array_error, default_stream, is_closed, lives_of,
                       open_address, order_launch, record_launch)
 from .errors import ArgumentError
-from .runtime import Owned, Use, current_device, runtime_api, state
+from .runtime import Owned, Use, current_device, refuse_inside_own_call, runtime_api, state
 from .tensor import AclIntArray, AclTensor, TensorView
 
 # Kinds of C parameter: handles (a tensor the call reads, one it writes, host int64 values as an
@@ -204,6 +204,7 @@ class Operator:
         self.one_shots: Dict[Tuple[Any, ...], Any] = {}   # one-shot calls' layouts
         self.device_layouts: Dict[Tuple[Any, ...], Any] = {}   # device-level calls' layouts
         self._api: Optional[SimpleNamespace] = None
+        self.one_shot_table: Tuple[_ffi.OneShotApi, Any]   # the helper's table of the API bound, and a byref of it
         self._c_names = c_names
         self._c_name_pattern = re.compile(r"\b(" + "|".join(map(re.escape, c_names)) + r")\b")
 
@@ -232,7 +233,11 @@ class Operator:
         """The C API with this operator's functions bound (on this thread's device)."""
         api = runtime_api()
         if self._api is not api:
-            self._api = _ffi.bind_operator(self.declarations(), self.description.phase1)
+            d = self.description
+            bound = _ffi.bind_operator(self.declarations(), d.phase1)
+            table = _ffi.one_shot_api(bound, d.thunk, d.phase1, d.phase2)
+            self.one_shot_table = (table, ctypes.byref(table))   # (set first: a thread that sees _api finds it)
+            self._api = bound
         return api
 
     def problem(self, signature: Signature, arguments: Mapping[str, Any], values: Sequence[Any],
@@ -445,7 +450,7 @@ class Executor(Binding):
     def make_repeatable(self) -> None:
         """aclSetAclOpExecutorRepeatable: keep the executor for many launches."""
         api = self._operator.api()   # (first: in a forked child it refuses, before any lock is taken)
-        self._refuse_inside_a_launch()
+        refuse_inside_own_call(self._launching, "this Executor", "used", "launches")
         use = Use((self._life,))   # (no close() frees it meanwhile)
         try:
             with self._launching:
@@ -456,11 +461,6 @@ class Executor(Binding):
         finally:
             use.let_go()
 
-    def _refuse_inside_a_launch(self) -> None:
-        if self._launching._is_owned():
-            raise RuntimeError("this Executor was used from code run inside one of its own launches (a gc callback, "
-                               "a finalizer or a signal handler); use it after that launch returns")
-
     def launch(self, stream: Optional[Stream] = None, workspace: Optional[DeviceBuffer] = None) -> None:
         """Phase 2 on `stream` (default stream if None). The work runs asynchronously: wait
         with stream.synchronize() or read an output with to_numpy(), which waits for its writer.
@@ -469,7 +469,7 @@ class Executor(Binding):
         stream = stream_argument(stream)
         if workspace is not None and not isinstance(workspace, DeviceBuffer):
             raise TypeError(f"workspace must be an acl_swiglu.DeviceBuffer or None, got {type(workspace).__name__}")
-        self._refuse_inside_a_launch()
+        refuse_inside_own_call(self._launching, "this Executor", "used", "launches")
         use = Use((self._life, stream._life, *lives_of(self._arrays.values())), stream._life)
         try:
             with self._launching:

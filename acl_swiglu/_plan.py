@@ -22,7 +22,8 @@ from ._device import (DeviceArray, DeviceBuffer, Stream, closed_array_error, is_
 from ._operator import (Binding, Operator, check_open, device_arrays, host_lists, preset_outputs, stream_argument,
                         views_of)
 from .errors import ArgumentError, HandleClosedError
-from .runtime import Uncopyable, Use, _runtime, at_fork_in_child, in_forked_child, release_due, runtime_api, state
+from .runtime import (Uncopyable, Use, _runtime, at_fork_in_child, in_forked_child, refuse_inside_own_call,
+                      release_due, runtime_api, state)
 
 
 _plans: "weakref.WeakSet[Plan]" = weakref.WeakSet()
@@ -122,9 +123,7 @@ class Plan(Uncopyable):
         if synchronize is not True and synchronize is not False:
             synchronize = synchronize_flag(synchronize)
         lock = self._lock
-        if lock._is_owned():
-            raise RuntimeError(f"this {type(self).__name__} was called from code run inside one of its own calls "
-                               "(a gc callback or finalizer); call it after that call returns")
+        refuse_inside_own_call(lock, f"this {type(self).__name__}", "called")
         try:
             lock.acquire()   # (inside the try: the finally releases it whichever line an exception hits)
             if getattr(_runtime.local, "generation", -1) != _runtime.generation:
@@ -272,9 +271,7 @@ class Plan(Uncopyable):
             self._closed = True   # the parent's device state is not this process's to free
             return
         lock = self._lock
-        if lock._is_owned():
-            raise RuntimeError(f"this {type(self).__name__} was closed from code run inside one of its own calls "
-                               "(a gc callback or finalizer); close it after that call returns")
+        refuse_inside_own_call(lock, f"this {type(self).__name__}", "closed")
         try:
             lock.acquire()
             if not self._closed:

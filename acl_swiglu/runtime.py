@@ -421,6 +421,15 @@ class _Runtime:
             self.pid = os.getpid()   # the parent never touched ACL: this process may start afresh
 
 
+def refuse_inside_own_call(lock: Any, subject: str, done: str, calls: str = "calls") -> None:
+    """Refuses a use of `subject` (an object whose calls take turns under `lock`, an RLock) from
+    code run inside one of its own calls on this thread (a gc callback, a finalizer, a signal
+    handler): it would otherwise deadlock, or find the call half done."""
+    if lock._is_owned():
+        raise RuntimeError(f"{subject} was {done} from code run inside one of its own {calls} (a gc callback, a "
+                           "finalizer or a signal handler); wait until that one returns")
+
+
 def _current_device(api: SimpleNamespace) -> Optional[int]:
     """The thread's current device when the runtime can tell (aclrtGetDevice), else None."""
     get_device = api.raw.aclrtGetDevice

@@ -131,6 +131,95 @@ report["live"] = emulator.live_counts()
 print(json.dumps(report))
 """
 
+# A set_device() that takes effect while a thread makes its one-shot stream (another thread's
+# moves this one at its next step into the runtime; here the thread makes it itself, to land at
+# that step every time): the stream is made on the new device, and kept as that device's, not as
+# the one the call looked up.
+_MOVED_WHILE_MAKING_THE_STREAM = r"""
+import json
+import acl_swiglu
+from acl_swiglu import _device, emulator
+from swiglu_cases import case, same_bits, want
+
+gy, x = case(6, 16, seed=83)
+expected = want(gy, x, None)
+report = {}
+make = _device.Stream.__init__
+
+def moved_meanwhile(stream):
+    acl_swiglu.set_device(1)
+    make(stream)
+
+acl_swiglu.set_device(0)
+_device.Stream.__init__ = moved_meanwhile
+try:
+    report["moved"] = same_bits(acl_swiglu.swiglu_group_quant_grad(gy, x)[0], expected)
+finally:
+    _device.Stream.__init__ = make
+for device in (0, 1, 0):
+    acl_swiglu.set_device(device)
+    try:
+        report[f"device {device}"] = same_bits(acl_swiglu.swiglu_group_quant_grad(gy, x)[0], expected)
+    except Exception as exc:
+        report[f"device {device}"] = repr(exc)
+acl_swiglu.release_cached()
+report["live"] = emulator.live_counts()
+print(json.dumps(report))
+"""
+
+
+def test_a_one_shot_stream_made_while_the_thread_moves_is_kept_as_the_new_devices(tmp_path):
+    report = run_child(_MOVED_WHILE_MAKING_THE_STREAM, tmp_path, ACL_EMU_DEVICES="2")
+    assert report["moved"] is True and report["device 0"] is True and report["device 1"] is True, report
+    assert not any(report["live"].values()), report
+
+# The same for the default stream's pooled workspace, allocated by a device-level call.
+_MOVED_WHILE_ALLOCATING_THE_WORKSPACE = r"""
+import json
+import acl_swiglu
+from acl_swiglu import _device, emulator
+from swiglu_cases import case, same_bits, want
+
+gy, x = case(6, 16, seed=84)
+expected = want(gy, x, None)
+report = {}
+allocate = _device.DeviceBuffer.__init__
+moves = []
+
+def moved_meanwhile(buffer, nbytes):   # (the call's only allocation: its workspace)
+    if not moves:
+        moves.append(1)
+        acl_swiglu.set_device(1)
+    allocate(buffer, nbytes)
+
+acl_swiglu.set_device(0)
+with acl_swiglu.to_device(gy) as d_gy, acl_swiglu.to_device(x) as d_x, \
+        acl_swiglu.DeviceArray.empty(x.shape, x.dtype) as out:
+    _device.DeviceBuffer.__init__ = moved_meanwhile
+    try:
+        acl_swiglu.swiglu_group_quant_grad_device(d_gy, d_x, grad_x=out)
+        out.to_numpy()
+    except Exception as exc:   # (its arrays are on device 0: either outcome, but no stale pool)
+        report["moved"] = type(exc).__name__
+    finally:
+        _device.DeviceBuffer.__init__ = allocate
+    acl_swiglu.set_device(0)
+    try:
+        acl_swiglu.swiglu_group_quant_grad_device(d_gy, d_x, grad_x=out)
+        report["device 0"] = same_bits(out.to_numpy(), expected)
+    except Exception as exc:
+        report["device 0"] = repr(exc)
+acl_swiglu.release_cached()
+report["moves"] = len(moves)
+report["live"] = emulator.live_counts()
+print(json.dumps(report))
+"""
+
+
+def test_a_pooled_workspace_allocated_while_the_thread_moves_is_kept_as_the_new_devices(tmp_path):
+    report = run_child(_MOVED_WHILE_ALLOCATING_THE_WORKSPACE, tmp_path, ACL_EMU_DEVICES="2")
+    assert report["moves"] == 1 and report["device 0"] is True, report
+    assert not any(report["live"].values()), report
 
 def test_set_device_moves_every_kind_of_call_and_back(tmp_path):
     report = run_child(_TWO_DEVICES, tmp_path, ACL_EMU_DEVICES="2")

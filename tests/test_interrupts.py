@@ -86,7 +86,7 @@ def _forget_layouts() -> None:
     next call makes them again, interrupted or not."""
     op = acl_swiglu.op.SWIGLU_GROUP_QUANT_GRAD
     op.one_shots.clear()
-    _aclnn._helper_apis.clear()
+    op._api = None
 
 
 class OneShot(Operation):
@@ -395,8 +395,7 @@ TARGETS: Dict[str, Tuple[Callable[..., Any], List[Operation]]] = {
     "_operator.Executor.launch": (_operator.Executor.launch, [Phases(), Phases(repeatable=True, explicit=True)]),
     "_operator.Executor._launch": (_operator.Executor._launch, [Phases(), Phases(repeatable=True, explicit=True)]),
     "_operator.Executor.make_repeatable": (_operator.Executor.make_repeatable, [Phases(repeatable=True)]),
-    "_operator.Executor._refuse_inside_a_launch": (_operator.Executor._refuse_inside_a_launch,
-                                                   [Phases(), Phases(repeatable=True)]),
+    "runtime.refuse_inside_own_call": (runtime.refuse_inside_own_call, [Phases(), PlanCall(), PlanClose()]),
     "_operator.Executor._finish_hand_over": (_operator.Executor._finish_hand_over, [Phases()]),
     "_operator.Binding._make_repeatable": (_operator.Binding._make_repeatable, [Phases(repeatable=True), PlanBuild()]),
     "_operator.Binding.__init__": (_operator.Binding.__init__, [Phases(), PlanBuild(), PlanBuild(abi=1), DeviceCall(),
