@@ -65,7 +65,7 @@ def thread_stream() -> Stream:
         streams = _thread_state.streams = {}
     stream = streams.get(device)
     if stream is None or stream._life.closed:
-        stream = Stream()   # (a set_device() on this thread meanwhile makes it on the new device)
+        stream = Stream()   # (on the new device if another thread's set_device() moved this one meanwhile)
         with state.lock:
             _thread_streams.add(stream)   # (listed before it is kept: release_cached() sees every kept one)
         streams[stream._device] = stream   # (kept by the device it is on, not the one looked up)

@@ -182,7 +182,7 @@ class Stream(Owned):
             if pooled is not None and pooled.nbytes >= nbytes and use.hold_also(pooled._life):
                 return int(pooled._life.handle.value)   # (held: freed only after this use)
         fresh = DeviceBuffer(nbytes)   # (not under the lock: an allocation may run a finalizer)
-        made_on = fresh._life.device   # (a set_device() on this thread meanwhile: the new device, not `device`)
+        made_on = fresh._life.device   # (not `device` if another thread's set_device() moved this one meanwhile)
         with state.lock:
             use.hold_also(fresh._life)
             spare: Optional[DeviceBuffer] = fresh   # (a closed stream pools nothing: it goes with `use`)
